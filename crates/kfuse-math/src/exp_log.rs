@@ -1,0 +1,207 @@
+//! Exponentials and logarithms for f32.
+//!
+//! Range reduction follows Cephes: `x = k ln2 + r` with a two-constant Cody-Waite split of `ln2`
+//! (the high part has few bits, so `k * LN2_HI` is exact), a minimax polynomial on
+//! `|r| <= ln2 / 2`, and scaling by `2^k` through the exponent bits in at most two exact steps so
+//! that subnormal results round once.
+
+const LOG2_E: f32 = std::f32::consts::LOG2_E;
+const LN2_HI: f32 = 0.693_359_4; // 355/512, exact in 9 bits.
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// Above this, `exp` overflows to infinity.
+const EXP_MAX: f32 = 88.722_84;
+/// Below this, `exp` underflows to zero.
+const EXP_MIN: f32 = -103.972_08;
+
+/// `2^n` for `-126 <= n <= 127`.
+fn pow2i(n: i32) -> f32 {
+    f32::from_bits(((n + 127) as u32) << 23)
+}
+
+/// `y * 2^k` for `-151 <= k <= 128`, exact unless the result is subnormal (then one rounding).
+fn scale(y: f32, k: i32) -> f32 {
+    if k > 127 {
+        y * pow2i(127) * pow2i(k - 127)
+    } else if k < -126 {
+        y * pow2i(k + 126) * pow2i(-126)
+    } else {
+        y * pow2i(k)
+    }
+}
+
+/// `e^r - 1 - r` divided by `r^2` on `|r| <= ln2/2` (Cephes `expf`).
+fn exp_poly(r: f32) -> f32 {
+    ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 5.000_000_1e-1
+}
+
+/// `e^r` on `|r| <= ln2/2`.
+fn exp_reduced(r: f32) -> f32 {
+    r * r * exp_poly(r) + r + 1.0
+}
+
+/// Splits `x` into `k` and `r = x - k ln2`.
+fn reduce_ln2(x: f32) -> (i32, f32) {
+    let k = (x * LOG2_E).round_ties_even();
+    let r = x - k * LN2_HI - k * LN2_LO;
+    (k as i32, r)
+}
+
+/// `e^x` for f32. Max error 1 ulp over all inputs (see `docs/vector-math.md`).
+pub fn exp_f32(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    if x > EXP_MAX {
+        return f32::INFINITY;
+    }
+    if x < EXP_MIN {
+        return 0.0;
+    }
+    let (k, r) = reduce_ln2(x);
+    scale(exp_reduced(r), k)
+}
+
+/// `2^x` for f32.
+pub fn exp2_f32(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    if x >= 128.0 {
+        return f32::INFINITY;
+    }
+    if x < -151.0 {
+        return 0.0;
+    }
+    let k = x.round_ties_even();
+    // `x - k` is exact; its product with ln2 is reduced further like `exp`.
+    let f = x - k;
+    let r = f * LN2_HI + f * LN2_LO;
+    scale(exp_reduced(r), k as i32)
+}
+
+/// `e^x - 1` for f32, accurate near 0.
+pub fn expm1_f32(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let ax = x.abs();
+    if ax < 2.98e-8 {
+        // e^x - 1 = x (1 + x/2 + ...) rounds to x; this also keeps the sign of zero.
+        return x;
+    }
+    if ax < 0.346_573_6 {
+        // Taylor series to degree 8; the remainder is below 2^-30 relative.
+        let p = ((((((1.0 / 40320.0 * x + 1.0 / 5040.0) * x + 1.0 / 720.0) * x + 1.0 / 120.0) * x
+            + 1.0 / 24.0)
+            * x
+            + 1.0 / 6.0)
+            * x
+            + 0.5)
+            * (x * x);
+        return x + p;
+    }
+    if x > 87.0 {
+        return exp_f32(x);
+    }
+    if x < -17.5 {
+        return -1.0;
+    }
+    let (k, r) = reduce_ln2(x);
+    let t = pow2i(k);
+    let em1 = r + r * r * exp_poly(r);
+    (t - 1.0) + t * em1
+}
+
+const SQRT_HALF: f32 = std::f32::consts::FRAC_1_SQRT_2;
+
+/// Splits a positive finite `x` into `e` and `f = m - 1` with `x = (1 + f) 2^e`,
+/// `sqrt(1/2) <= 1 + f < sqrt(2)`.
+fn split_log(x: f32) -> (f32, f32) {
+    let (mut bits, mut e) = (x.to_bits(), -127i32);
+    if bits < 0x0080_0000 {
+        // Subnormal: scale by 2^23 first.
+        bits = (x * 8_388_608.0).to_bits();
+        e -= 23;
+    }
+    e += (bits >> 23) as i32;
+    let mut m = f32::from_bits((bits & 0x007f_ffff) | 0x3f80_0000);
+    if m > 2.0 * SQRT_HALF {
+        m *= 0.5;
+        e += 1;
+    }
+    (e as f32, m - 1.0)
+}
+
+/// `log(1 + f) - f + f^2/2` for `f` in `[sqrt(1/2) - 1, sqrt(2) - 1]` (Cephes `logf`).
+fn log_tail(f: f32) -> f32 {
+    let z = f * f;
+    const P: [f32; 9] = [
+        7.037_683_6e-2,
+        -1.151_461e-1,
+        1.167_699_9e-1,
+        -1.242_014_1e-1,
+        1.424_932_3e-1,
+        -1.666_805_8e-1,
+        2.000_071_4e-1,
+        -2.499_999_4e-1,
+        3.333_333_1e-1,
+    ];
+    // Horner from the highest-order coefficient down.
+    let p = P[1..].iter().fold(P[0], |acc, &c| acc * f + c);
+    f * z * p
+}
+
+/// Handles NaN, negatives, zero and infinity; `None` for ordinary positive inputs.
+fn log_special(x: f32) -> Option<f32> {
+    if x.is_nan() || x < 0.0 {
+        Some(f32::NAN)
+    } else if x == 0.0 {
+        Some(f32::NEG_INFINITY)
+    } else if x == f32::INFINITY {
+        Some(x)
+    } else {
+        None
+    }
+}
+
+/// Natural logarithm for f32.
+pub fn log_f32(x: f32) -> f32 {
+    if let Some(s) = log_special(x) {
+        return s;
+    }
+    let (e, f) = split_log(x);
+    let z = f * f;
+    let y = log_tail(f) + e * LN2_LO - 0.5 * z;
+    f + y + e * LN2_HI
+}
+
+/// Base-2 logarithm for f32: `e + log(1 + f) / ln 2`.
+pub fn log2_f32(x: f32) -> f32 {
+    if let Some(s) = log_special(x) {
+        return s;
+    }
+    let (e, f) = split_log(x);
+    let ln_m = f + (log_tail(f) - 0.5 * f * f);
+    e + ln_m * LOG2_E
+}
+
+/// `log(1 + x)` for f32, accurate near 0 (Goldberg: `log(u) * x / (u - 1)` with `u = 1 + x`).
+pub fn log1p_f32(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    if x == f32::INFINITY {
+        return x;
+    }
+    let u = 1.0 + x;
+    if u == 1.0 {
+        return x;
+    }
+    if u <= 0.0 {
+        return if u == 0.0 { f32::NEG_INFINITY } else { f32::NAN };
+    }
+    log_f32(u) * (x / (u - 1.0))
+}

@@ -1,0 +1,106 @@
+//! kfuse numerics, defined once.
+//!
+//! Every backend computes elementwise math through the definitions in this crate: the reference
+//! interpreter calls these functions, and compiled backends emit the same operation sequences,
+//! so results can match bit for bit.
+//!
+//! * `f32` transcendentals ([`exp_f32`], [`log_f32`], [`tanh_f32`], ...) are kfuse's own
+//!   branch-light polynomial code with fixed operation order and no fused multiply-add.
+//!   [`erf_f32`], both GELU forms, [`rsqrt_f32`] and [`pow_f32`] evaluate in `f64` (through the
+//!   platform's `exp`/`pow` where needed) and round once; every bound is in `docs/vector-math.md` and checked by tests.
+//! * `f64` transcendentals use the platform's `f64` libm (and the `libm` crate for `erf`).
+//! * Scalar semantics shared by all dtypes: IEEE 754-2019 `maximum`/`minimum`, numpy remainder and
+//!   floor division, saturating casts.
+//! * [`philox4x32`]: the counter-based generator behind the `rng` op.
+
+pub mod accuracy;
+mod erf;
+mod exp_log;
+mod rng;
+mod scalar;
+mod trig;
+
+pub use erf::{erf_f32, erfc_f64_of_f32, gelu_f32, gelu_f64};
+pub use exp_log::{exp2_f32, exp_f32, expm1_f32, log1p_f32, log2_f32, log_f32};
+pub use rng::{normal_f32, normal_f64, philox4x32, uniform_f32, uniform_f64};
+pub use scalar::{
+    floor_div_i64, maximum_f32, maximum_f64, minimum_f32, minimum_f64, pow_f32, rem_f32, rem_f64,
+    rem_i64,
+};
+pub use trig::{cos_f32, sin_f32};
+
+/// `tanh` for f32: odd polynomial below 0.625, `1 - 2 / (exp(2|x|) + 1)` above, ±1 past 9.
+pub fn tanh_f32(x: f32) -> f32 {
+    let ax = x.abs();
+    if ax.is_nan() {
+        return x;
+    }
+    if ax < 2.44e-4 {
+        // tanh x = x (1 - x^2/3 + ...) rounds to x here, and the sign of zero is kept.
+        return x;
+    }
+    if ax < 0.625 {
+        let z = x * x;
+        let p = (((-5.704_988_7e-3 * z + 2.063_908_9e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1)
+            * z
+            - 3.333_328_2e-1;
+        return x + x * z * p;
+    }
+    let t = if ax > 9.0 { 1.0 } else { 1.0 - 2.0 / (exp_f32(2.0 * ax) + 1.0) };
+    t.copysign(x)
+}
+
+/// Logistic sigmoid for f32, `1 / (1 + exp(-x))`, written as `e / (1 + e)` with `e = exp(x)` for
+/// negative `x` so that tiny results keep their precision.
+pub fn sigmoid_f32(x: f32) -> f32 {
+    if x >= 0.0 {
+        1.0 / (1.0 + exp_f32(-x))
+    } else {
+        let e = exp_f32(x);
+        e / (1.0 + e)
+    }
+}
+
+/// Logistic sigmoid for f64.
+pub fn sigmoid_f64(x: f64) -> f64 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// `softplus(x) = log(1 + exp(x))`, as `max(x, 0) + log1p(exp(-|x|))`.
+pub fn softplus_f32(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    x.max(0.0) + log1p_f32(exp_f32(-x.abs()))
+}
+
+/// `softplus` for f64.
+pub fn softplus_f64(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    x.max(0.0) + (-x.abs()).exp().ln_1p()
+}
+
+/// GELU, tanh form: `0.5 x (1 + tanh(u))` with `u = sqrt(2/pi) (x + 0.044715 x^3)`, computed as the
+/// equal `x * sigmoid(2u)`, which keeps its precision for negative `x`. Evaluated in f64: in f32
+/// the rounding of `u` is multiplied by `|2u|` in the tail (over 100 ULP at `x = -10`).
+pub fn gelu_tanh_f32(x: f32) -> f32 {
+    gelu_tanh_f64(x as f64) as f32
+}
+
+/// GELU, tanh form, f64.
+pub fn gelu_tanh_f64(x: f64) -> f64 {
+    let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044_715 * x * x * x);
+    x * sigmoid_f64(2.0 * u)
+}
+
+/// `1 / sqrt(x)`, evaluated in f64 and rounded once (two f32 roundings would give 1.5 ULP).
+pub fn rsqrt_f32(x: f32) -> f32 {
+    (1.0 / (x as f64).sqrt()) as f32
+}
