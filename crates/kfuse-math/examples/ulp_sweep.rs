@@ -5,7 +5,9 @@
 //! (about a minute per function on two cores); `-- STEP` checks every STEP-th pattern.
 
 fn main() {
-    let step: u64 = std::env::args().nth(1).map_or(1, |s| s.parse().expect("STEP must be an integer"));
+    let step: u64 = std::env::args()
+        .nth(1)
+        .map_or(1, |s| s.parse().expect("STEP must be an integer"));
     println!("| function | max error (ULP) | at x | bound |");
     println!("|---|---|---|---|");
     for f in kfuse_math::accuracy::functions() {

@@ -13,21 +13,96 @@ pub struct Accuracy {
 pub fn functions() -> Vec<Accuracy> {
     use crate::*;
     vec![
-        Accuracy { name: "exp", f32: exp_f32, reference: f64::exp, bound_ulp: 1.0 },
-        Accuracy { name: "exp2", f32: exp2_f32, reference: f64::exp2, bound_ulp: 1.5 },
-        Accuracy { name: "expm1", f32: expm1_f32, reference: f64::exp_m1, bound_ulp: 1.5 },
-        Accuracy { name: "log", f32: log_f32, reference: f64::ln, bound_ulp: 1.0 },
-        Accuracy { name: "log2", f32: log2_f32, reference: f64::log2, bound_ulp: 1.5 },
-        Accuracy { name: "log1p", f32: log1p_f32, reference: f64::ln_1p, bound_ulp: 2.5 },
-        Accuracy { name: "sin", f32: sin_f32, reference: f64::sin, bound_ulp: 1.0 },
-        Accuracy { name: "cos", f32: cos_f32, reference: f64::cos, bound_ulp: 1.0 },
-        Accuracy { name: "tanh", f32: tanh_f32, reference: f64::tanh, bound_ulp: 2.0 },
-        Accuracy { name: "sigmoid", f32: sigmoid_f32, reference: sigmoid_f64, bound_ulp: 2.5 },
-        Accuracy { name: "softplus", f32: softplus_f32, reference: softplus_f64, bound_ulp: 3.0 },
-        Accuracy { name: "erf", f32: erf_f32, reference: libm::erf, bound_ulp: 1.0 },
-        Accuracy { name: "gelu", f32: gelu_f32, reference: gelu_f64, bound_ulp: 1.5 },
-        Accuracy { name: "gelu_tanh", f32: gelu_tanh_f32, reference: gelu_tanh_f64, bound_ulp: 1.0 },
-        Accuracy { name: "rsqrt", f32: rsqrt_f32, reference: |x| 1.0 / x.sqrt(), bound_ulp: 1.0 },
+        Accuracy {
+            name: "exp",
+            f32: exp_f32,
+            reference: f64::exp,
+            bound_ulp: 1.0,
+        },
+        Accuracy {
+            name: "exp2",
+            f32: exp2_f32,
+            reference: f64::exp2,
+            bound_ulp: 1.5,
+        },
+        Accuracy {
+            name: "expm1",
+            f32: expm1_f32,
+            reference: f64::exp_m1,
+            bound_ulp: 1.5,
+        },
+        Accuracy {
+            name: "log",
+            f32: log_f32,
+            reference: f64::ln,
+            bound_ulp: 1.0,
+        },
+        Accuracy {
+            name: "log2",
+            f32: log2_f32,
+            reference: f64::log2,
+            bound_ulp: 1.5,
+        },
+        Accuracy {
+            name: "log1p",
+            f32: log1p_f32,
+            reference: f64::ln_1p,
+            bound_ulp: 2.5,
+        },
+        Accuracy {
+            name: "sin",
+            f32: sin_f32,
+            reference: f64::sin,
+            bound_ulp: 1.0,
+        },
+        Accuracy {
+            name: "cos",
+            f32: cos_f32,
+            reference: f64::cos,
+            bound_ulp: 1.0,
+        },
+        Accuracy {
+            name: "tanh",
+            f32: tanh_f32,
+            reference: f64::tanh,
+            bound_ulp: 2.0,
+        },
+        Accuracy {
+            name: "sigmoid",
+            f32: sigmoid_f32,
+            reference: sigmoid_f64,
+            bound_ulp: 2.5,
+        },
+        Accuracy {
+            name: "softplus",
+            f32: softplus_f32,
+            reference: softplus_f64,
+            bound_ulp: 3.0,
+        },
+        Accuracy {
+            name: "erf",
+            f32: erf_f32,
+            reference: libm::erf,
+            bound_ulp: 1.0,
+        },
+        Accuracy {
+            name: "gelu",
+            f32: gelu_f32,
+            reference: gelu_f64,
+            bound_ulp: 1.5,
+        },
+        Accuracy {
+            name: "gelu_tanh",
+            f32: gelu_tanh_f32,
+            reference: gelu_tanh_f64,
+            bound_ulp: 1.0,
+        },
+        Accuracy {
+            name: "rsqrt",
+            f32: rsqrt_f32,
+            reference: |x| 1.0 / x.sqrt(),
+            bound_ulp: 1.0,
+        },
     ]
 }
 
@@ -36,7 +111,11 @@ pub fn functions() -> Vec<Accuracy> {
 /// other mismatch in class counts as infinity.
 pub fn ulp_error(got: f32, want: f64) -> f64 {
     if want.is_nan() || got.is_nan() {
-        return if want.is_nan() && got.is_nan() { 0.0 } else { f64::INFINITY };
+        return if want.is_nan() && got.is_nan() {
+            0.0
+        } else {
+            f64::INFINITY
+        };
     }
     let rounded = want as f32;
     if rounded.is_infinite() || got.is_infinite() {

@@ -106,3 +106,8 @@ pub fn gelu_f64(x: f64) -> f64 {
     }
     0.5 * x * libm::erfc(-x * std::f64::consts::FRAC_1_SQRT_2)
 }
+
+/// The error function for f64 (the `libm` crate's port of the FreeBSD/musl `erf`).
+pub fn erf_f64(x: f64) -> f64 {
+    libm::erf(x)
+}

@@ -94,7 +94,8 @@ pub fn expm1_f32(x: f32) -> f32 {
     }
     if ax < 0.346_573_6 {
         // Taylor series to degree 8; the remainder is below 2^-30 relative.
-        let p = ((((((1.0 / 40320.0 * x + 1.0 / 5040.0) * x + 1.0 / 720.0) * x + 1.0 / 120.0) * x
+        let p = ((((((1.0 / 40320.0 * x + 1.0 / 5040.0) * x + 1.0 / 720.0) * x + 1.0 / 120.0)
+            * x
             + 1.0 / 24.0)
             * x
             + 1.0 / 6.0)
@@ -201,7 +202,11 @@ pub fn log1p_f32(x: f32) -> f32 {
         return x;
     }
     if u <= 0.0 {
-        return if u == 0.0 { f32::NEG_INFINITY } else { f32::NAN };
+        return if u == 0.0 {
+            f32::NEG_INFINITY
+        } else {
+            f32::NAN
+        };
     }
     log_f32(u) * (x / (u - 1.0))
 }

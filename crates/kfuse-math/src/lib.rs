@@ -20,7 +20,7 @@ mod rng;
 mod scalar;
 mod trig;
 
-pub use erf::{erf_f32, erfc_f64_of_f32, gelu_f32, gelu_f64};
+pub use erf::{erf_f32, erf_f64, erfc_f64_of_f32, gelu_f32, gelu_f64};
 pub use exp_log::{exp2_f32, exp_f32, expm1_f32, log1p_f32, log2_f32, log_f32};
 pub use rng::{normal_f32, normal_f64, philox4x32, uniform_f32, uniform_f64};
 pub use scalar::{
@@ -41,12 +41,17 @@ pub fn tanh_f32(x: f32) -> f32 {
     }
     if ax < 0.625 {
         let z = x * x;
-        let p = (((-5.704_988_7e-3 * z + 2.063_908_9e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1)
+        let p = (((-5.704_988_7e-3 * z + 2.063_908_9e-2) * z - 5.373_971_6e-2) * z
+            + 1.333_144_2e-1)
             * z
             - 3.333_328_2e-1;
         return x + x * z * p;
     }
-    let t = if ax > 9.0 { 1.0 } else { 1.0 - 2.0 / (exp_f32(2.0 * ax) + 1.0) };
+    let t = if ax > 9.0 {
+        1.0
+    } else {
+        1.0 - 2.0 / (exp_f32(2.0 * ax) + 1.0)
+    };
     t.copysign(x)
 }
 

@@ -28,7 +28,10 @@ pub fn philox4x32(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 }
 
 fn block(seed: u64, index: u64) -> [u32; 4] {
-    philox4x32([index as u32, (index >> 32) as u32, 0, 0], [seed as u32, (seed >> 32) as u32])
+    philox4x32(
+        [index as u32, (index >> 32) as u32, 0, 0],
+        [seed as u32, (seed >> 32) as u32],
+    )
 }
 
 const TWO_M24: f32 = 1.0 / 16_777_216.0;

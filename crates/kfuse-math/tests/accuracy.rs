@@ -10,9 +10,16 @@ fn every_function_is_within_its_bound_over_the_float_range() {
     for f in functions() {
         // A prime stride visits ~2.1 million patterns spread over every exponent.
         let (err, x) = max_ulp_error(&f, 2053, 7);
-        println!("{:10} max {err:.3} ULP at {x:e} (bound {})", f.name, f.bound_ulp);
+        println!(
+            "{:10} max {err:.3} ULP at {x:e} (bound {})",
+            f.name, f.bound_ulp
+        );
         if !(err <= f.bound_ulp) {
-            failures.push(format!("{}: {err} ULP at {x:e} (bits {:#010x})", f.name, x.to_bits()));
+            failures.push(format!(
+                "{}: {err} ULP at {x:e} (bits {:#010x})",
+                f.name,
+                x.to_bits()
+            ));
         }
     }
     assert!(failures.is_empty(), "over the bound: {failures:#?}");
@@ -26,7 +33,15 @@ fn dense_sweep_near_zero_and_one() {
         let mut x = -4.0f32;
         while x <= 4.0 {
             worst = worst.max(ulp_error((f.f32)(x), (f.reference)(x as f64)));
-            x = if x == 0.0 { f32::from_bits(1) } else { f32::from_bits(x.to_bits().wrapping_add(if x > 0.0 { 4099 } else { u32::MAX - 4098 })) };
+            x = if x == 0.0 {
+                f32::from_bits(1)
+            } else {
+                f32::from_bits(x.to_bits().wrapping_add(if x > 0.0 {
+                    4099
+                } else {
+                    u32::MAX - 4098
+                }))
+            };
             if x < 0.0 && x > -1e-30 {
                 x = 0.0;
             }
@@ -107,7 +122,10 @@ fn ieee_min_max_and_numpy_remainder() {
 #[test]
 fn philox_matches_the_published_known_answers() {
     // Random123 known-answer tests for philox4x32-10.
-    assert_eq!(philox4x32([0; 4], [0; 2]), [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]);
+    assert_eq!(
+        philox4x32([0; 4], [0; 2]),
+        [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]
+    );
     assert_eq!(
         philox4x32([u32::MAX; 4], [u32::MAX; 2]),
         [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd]

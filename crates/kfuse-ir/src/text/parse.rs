@@ -323,29 +323,31 @@ impl Parser {
         };
         let dtype = match DType::from_name(&dtype) {
             Some(d) => d,
-            None => return self.err_at(
-                pos,
-                format!(
+            None => {
+                return self.err_at(
+                    pos,
+                    format!(
                     "unknown dtype `{dtype}` (expected f32, f64, f16, bf16, i32, i64, u8 or bool)"
                 ),
-            ),
+                )
+            }
         };
         self.punct('[')?;
         let mut dims = Vec::new();
         if !self.eat(']') {
             loop {
                 match self.next() {
-                    (Tok::Num(s), p) => {
-                        match s.parse::<usize>() {
-                            Ok(d) => dims.push(d),
-                            Err(_) => return self.err_at(
+                    (Tok::Num(s), p) => match s.parse::<usize>() {
+                        Ok(d) => dims.push(d),
+                        Err(_) => {
+                            return self.err_at(
                                 p,
                                 format!(
                                     "expected a dimension (a non-negative integer), found `{s}`"
                                 ),
-                            ),
+                            )
                         }
-                    }
+                    },
                     (t, p) => return self.err_at(p, format!("expected a dimension, found {t}")),
                 }
                 if self.eat(']') {

@@ -1,0 +1,443 @@
+//! numpy `.npy` and `.npz` files as kfuse [`Array`]s.
+//!
+//! Reads format versions 1.0 to 3.0, little- or big-endian, C or Fortran order, with dtypes
+//! `f4 f8 f2 i4 i8 u1 b1` (f32, f64, f16, i32, i64, u8, bool). Writes version 1.0 (2.0 when the
+//! header needs it), little-endian, C order. numpy has no bfloat16: a bf16 array is written widened
+//! to f32, which is exact. `.npz` archives may be stored or deflated (`savez_compressed`).
+
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::path::Path;
+
+use kfuse_ir::{Array, DType, Shape, Storage};
+
+/// Why a file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum NpyError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The bytes are not a valid `.npy` file.
+    #[error("not a valid .npy file: {0}")]
+    Format(String),
+    /// A valid file kfuse cannot represent.
+    #[error("unsupported .npy content: {0}")]
+    Unsupported(String),
+    #[error("not a valid .npz archive: {0}")]
+    Zip(String),
+}
+
+const MAGIC: &[u8] = b"\x93NUMPY";
+
+fn format_err<T>(msg: impl Into<String>) -> Result<T, NpyError> {
+    Err(NpyError::Format(msg.into()))
+}
+
+/// The parsed header dictionary.
+struct Header {
+    descr: String,
+    fortran_order: bool,
+    shape: Vec<usize>,
+}
+
+/// Parses numpy's header, a Python dict literal such as
+/// `{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }`.
+fn parse_header(text: &str) -> Result<Header, NpyError> {
+    let text = text.trim();
+    let body = text
+        .strip_prefix('{')
+        .and_then(|t| t.trim_end().strip_suffix('}'))
+        .ok_or_else(|| NpyError::Format(format!("header is not a dict: {text:?}")))?;
+    let (mut descr, mut fortran, mut shape) = (None, None, None);
+    let mut rest = body.trim();
+    while !rest.is_empty() {
+        let quote = rest.chars().next().filter(|c| *c == '\'' || *c == '"');
+        let Some(q) = quote else {
+            return format_err(format!("expected a quoted key at {rest:?}"));
+        };
+        let end = rest[1..]
+            .find(q)
+            .ok_or_else(|| NpyError::Format("unterminated key".into()))?
+            + 1;
+        let key = &rest[1..end];
+        rest = rest[end + 1..].trim_start();
+        rest = rest
+            .strip_prefix(':')
+            .ok_or_else(|| NpyError::Format(format!("expected ':' after key {key:?}")))?
+            .trim_start();
+        match key {
+            "descr" => {
+                let q = rest
+                    .chars()
+                    .next()
+                    .filter(|c| *c == '\'' || *c == '"')
+                    .ok_or_else(|| {
+                        NpyError::Unsupported("structured dtypes (descr is not a string)".into())
+                    })?;
+                let end = rest[1..]
+                    .find(q)
+                    .ok_or_else(|| NpyError::Format("unterminated descr".into()))?
+                    + 1;
+                descr = Some(rest[1..end].to_string());
+                rest = &rest[end + 1..];
+            }
+            "fortran_order" => {
+                if let Some(r) = rest.strip_prefix("True") {
+                    fortran = Some(true);
+                    rest = r;
+                } else if let Some(r) = rest.strip_prefix("False") {
+                    fortran = Some(false);
+                    rest = r;
+                } else {
+                    return format_err("fortran_order is not True or False");
+                }
+            }
+            "shape" => {
+                let inner = rest
+                    .strip_prefix('(')
+                    .ok_or_else(|| NpyError::Format("shape is not a tuple".into()))?;
+                let close = inner
+                    .find(')')
+                    .ok_or_else(|| NpyError::Format("unterminated shape tuple".into()))?;
+                let dims = inner[..close]
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| {
+                        s.trim_end_matches('L')
+                            .parse::<usize>()
+                            .map_err(|_| NpyError::Format(format!("bad dimension {s:?} in shape")))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                shape = Some(dims);
+                rest = &inner[close + 1..];
+            }
+            other => return format_err(format!("unknown header key {other:?}")),
+        }
+        rest = rest.trim_start();
+        rest = rest.strip_prefix(',').unwrap_or(rest).trim_start();
+    }
+    match (descr, fortran, shape) {
+        (Some(descr), Some(fortran_order), Some(shape)) => Ok(Header {
+            descr,
+            fortran_order,
+            shape,
+        }),
+        _ => format_err("header lacks one of 'descr', 'fortran_order', 'shape'"),
+    }
+}
+
+/// Maps a numpy descr to a dtype and whether its bytes are big-endian.
+fn dtype_of(descr: &str) -> Result<(DType, bool), NpyError> {
+    let (order, code) = descr.split_at(descr.len().min(1));
+    let big = match order {
+        "<" | "|" | "=" => false,
+        ">" => true,
+        _ => return Err(NpyError::Unsupported(format!("dtype {descr:?}"))),
+    };
+    let dtype = match code {
+        "f4" => DType::F32,
+        "f8" => DType::F64,
+        "f2" => DType::F16,
+        "i4" => DType::I32,
+        "i8" => DType::I64,
+        "u1" => DType::U8,
+        "b1" => DType::Bool,
+        _ => {
+            return Err(NpyError::Unsupported(format!(
+                "dtype {descr:?} (kfuse reads f4, f8, f2, i4, i8, u1 and b1; cast the array first)"
+            )))
+        }
+    };
+    Ok((dtype, big))
+}
+
+fn descr_of(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 | DType::BF16 => "<f4",
+        DType::F64 => "<f8",
+        DType::F16 => "<f2",
+        DType::I32 => "<i4",
+        DType::I64 => "<i8",
+        DType::U8 => "|u1",
+        DType::Bool => "|b1",
+    }
+}
+
+/// Reads one array from `.npy` bytes.
+pub fn read_npy(mut reader: impl Read) -> Result<Array, NpyError> {
+    let mut prefix = [0u8; 8];
+    reader
+        .read_exact(&mut prefix)
+        .map_err(|_| NpyError::Format("file is shorter than the .npy preamble".into()))?;
+    if &prefix[..6] != MAGIC {
+        return format_err("missing the \\x93NUMPY magic string");
+    }
+    let header_len = match prefix[6] {
+        1 => {
+            let mut b = [0u8; 2];
+            reader
+                .read_exact(&mut b)
+                .map_err(|_| NpyError::Format("truncated header length".into()))?;
+            u16::from_le_bytes(b) as usize
+        }
+        2 | 3 => {
+            let mut b = [0u8; 4];
+            reader
+                .read_exact(&mut b)
+                .map_err(|_| NpyError::Format("truncated header length".into()))?;
+            u32::from_le_bytes(b) as usize
+        }
+        v => {
+            return Err(NpyError::Unsupported(format!(
+                "format version {v}.{}",
+                prefix[7]
+            )))
+        }
+    };
+    if header_len > 1 << 20 {
+        return format_err(format!("header length {header_len} is implausibly large"));
+    }
+    let mut header = vec![0u8; header_len];
+    reader
+        .read_exact(&mut header)
+        .map_err(|_| NpyError::Format("truncated header".into()))?;
+    let header =
+        String::from_utf8(header).map_err(|_| NpyError::Format("header is not text".into()))?;
+    let header = parse_header(&header)?;
+    let (dtype, big) = dtype_of(&header.descr)?;
+    if header.shape.len() > kfuse_ir::shape::MAX_RANK {
+        return Err(NpyError::Unsupported(format!(
+            "rank {} (kfuse allows up to {})",
+            header.shape.len(),
+            kfuse_ir::shape::MAX_RANK
+        )));
+    }
+    let shape = Shape::new(header.shape);
+    let n_bytes = shape
+        .checked_n_elems()
+        .and_then(|n| n.checked_mul(dtype.size_bytes()))
+        .ok_or_else(|| NpyError::Format(format!("shape {shape} is too large")))?;
+    // Read at most the bytes the shape needs, so a lying header cannot force a huge allocation.
+    let mut data = Vec::new();
+    reader.take(n_bytes as u64).read_to_end(&mut data)?;
+    if data.len() != n_bytes {
+        return format_err(format!(
+            "data is truncated: shape {shape} of {dtype} needs {n_bytes} bytes, found {}",
+            data.len()
+        ));
+    }
+    let size = dtype.size_bytes();
+    if big && size > 1 {
+        for chunk in data.chunks_exact_mut(size) {
+            chunk.reverse();
+        }
+    }
+    let storage = decode(dtype, &data)?;
+    let storage = if header.fortran_order && shape.rank() > 1 {
+        fortran_to_c(storage, &shape)
+    } else {
+        storage
+    };
+    Array::new(shape, storage).map_err(|e| NpyError::Format(e.to_string()))
+}
+
+fn decode(dtype: DType, data: &[u8]) -> Result<Storage, NpyError> {
+    macro_rules! le {
+        ($t:ty, $n:expr) => {
+            data.chunks_exact($n)
+                .map(|c| <$t>::from_le_bytes(c.try_into().expect("chunk size")))
+                .collect()
+        };
+    }
+    Ok(match dtype {
+        DType::F32 => Storage::F32(le!(f32, 4)),
+        DType::F64 => Storage::F64(le!(f64, 8)),
+        DType::F16 => Storage::F16(
+            data.chunks_exact(2)
+                .map(|c| kfuse_ir::f16::from_le_bytes([c[0], c[1]]))
+                .collect(),
+        ),
+        DType::I32 => Storage::I32(le!(i32, 4)),
+        DType::I64 => Storage::I64(le!(i64, 8)),
+        DType::U8 => Storage::U8(data.to_vec()),
+        DType::Bool => Storage::Bool(
+            data.iter()
+                .map(|&b| match b {
+                    0 => Ok(false),
+                    1 => Ok(true),
+                    other => Err(NpyError::Format(format!("bool element holds byte {other}"))),
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        DType::BF16 => unreachable!("numpy has no bf16 descr"),
+    })
+}
+
+/// Reorders column-major storage into row-major.
+fn fortran_to_c(storage: Storage, shape: &Shape) -> Storage {
+    let dims = shape.dims();
+    let n = shape.n_elems();
+    // Fortran strides: cumulative products from the left.
+    let mut fstrides = vec![1usize; dims.len()];
+    for k in 1..dims.len() {
+        fstrides[k] = fstrides[k - 1] * dims[k - 1];
+    }
+    let cstrides = shape.strides();
+    let source = |c_index: usize| -> usize {
+        (0..dims.len())
+            .map(|k| (c_index / cstrides[k]) % dims[k] * fstrides[k])
+            .sum()
+    };
+    fn reorder<T: Copy>(v: &[T], n: usize, source: impl Fn(usize) -> usize) -> Vec<T> {
+        (0..n).map(|i| v[source(i)]).collect()
+    }
+    kfuse_ir::with_storage!(&storage, v => <_ as kfuse_ir::Element>::wrap(reorder(v, n, source)))
+}
+
+/// Writes `array` as `.npy` bytes.
+pub fn write_npy(mut writer: impl Write, array: &Array) -> Result<(), NpyError> {
+    let dims: Vec<String> = array.shape().dims().iter().map(|d| d.to_string()).collect();
+    let shape = match dims.len() {
+        1 => format!("({},)", dims[0]),
+        _ => format!("({})", dims.join(", ")),
+    };
+    let mut header = format!(
+        "{{'descr': '{}', 'fortran_order': False, 'shape': {shape}, }}",
+        descr_of(array.dtype())
+    );
+    // Pad with spaces so that the data starts 64-byte aligned; the header ends in a newline.
+    let (version, len_bytes) = if header.len() + 11 < 65_536 {
+        (1u8, 2)
+    } else {
+        (2u8, 4)
+    };
+    let preamble = MAGIC.len() + 2 + len_bytes;
+    let total = (preamble + header.len() + 1).div_ceil(64) * 64;
+    header.push_str(&" ".repeat(total - preamble - header.len() - 1));
+    header.push('\n');
+    writer.write_all(MAGIC)?;
+    writer.write_all(&[version, 0])?;
+    if version == 1 {
+        writer.write_all(&(header.len() as u16).to_le_bytes())?;
+    } else {
+        writer.write_all(&(header.len() as u32).to_le_bytes())?;
+    }
+    writer.write_all(header.as_bytes())?;
+    let mut bytes = Vec::with_capacity(array.n_elems() * array.dtype().size_bytes().max(4));
+    match array.storage() {
+        Storage::F32(v) => v
+            .iter()
+            .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
+        Storage::F64(v) => v
+            .iter()
+            .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
+        Storage::F16(v) => v
+            .iter()
+            .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
+        Storage::BF16(v) => v
+            .iter()
+            .for_each(|x| bytes.extend_from_slice(&x.to_f32().to_le_bytes())),
+        Storage::I32(v) => v
+            .iter()
+            .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
+        Storage::I64(v) => v
+            .iter()
+            .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
+        Storage::U8(v) => bytes.extend_from_slice(v),
+        Storage::Bool(v) => bytes.extend(v.iter().map(|&b| b as u8)),
+    }
+    writer.write_all(&bytes)?;
+    Ok(())
+}
+
+/// Reads a `.npy` file.
+pub fn load_npy(path: &Path) -> Result<Array, NpyError> {
+    let file = File::open(path)?;
+    read_npy(std::io::BufReader::new(file))
+}
+
+/// Writes a `.npy` file atomically: the data goes to a temporary file beside it, which is then
+/// renamed over the target, so a failure never leaves a partial file.
+pub fn save_npy(path: &Path, array: &Array) -> Result<(), NpyError> {
+    atomic_write(path, |w| write_npy(w, array))
+}
+
+fn atomic_write(
+    path: &Path,
+    body: impl FnOnce(&mut std::io::BufWriter<&File>) -> Result<(), NpyError>,
+) -> Result<(), NpyError> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path.file_name().ok_or_else(|| {
+        NpyError::Io(std::io::Error::other(format!(
+            "{} is not a file path",
+            path.display()
+        )))
+    })?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| {
+        let file = File::create(&tmp)?;
+        let mut w = std::io::BufWriter::new(&file);
+        body(&mut w)?;
+        w.flush()?;
+        drop(w);
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Reads every array of an `.npz` archive, in archive order, named without the `.npy` suffix.
+pub fn read_npz(reader: impl Read + Seek) -> Result<Vec<(String, Array)>, NpyError> {
+    let mut archive = zip::ZipArchive::new(reader).map_err(|e| NpyError::Zip(e.to_string()))?;
+    let mut arrays = Vec::new();
+    for i in 0..archive.len() {
+        let entry = archive
+            .by_index(i)
+            .map_err(|e| NpyError::Zip(e.to_string()))?;
+        let name = entry
+            .name()
+            .map_err(|e| NpyError::Zip(e.to_string()))?
+            .to_string();
+        let key = name.strip_suffix(".npy").unwrap_or(&name).to_string();
+        let array = read_npy(entry).map_err(|e| match e {
+            NpyError::Format(m) => NpyError::Format(format!("{name}: {m}")),
+            NpyError::Unsupported(m) => NpyError::Unsupported(format!("{name}: {m}")),
+            other => other,
+        })?;
+        arrays.push((key, array));
+    }
+    Ok(arrays)
+}
+
+/// Reads a `.npz` file.
+pub fn load_npz(path: &Path) -> Result<Vec<(String, Array)>, NpyError> {
+    read_npz(std::io::BufReader::new(File::open(path)?))
+}
+
+/// Writes arrays into an uncompressed `.npz` archive (as `numpy.savez` does), atomically.
+pub fn save_npz(path: &Path, arrays: &[(String, Array)]) -> Result<(), NpyError> {
+    atomic_write(path, |w| {
+        let mut zip = zip::ZipWriter::new_stream(w);
+        let options = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored)
+            .large_file(true);
+        for (name, array) in arrays {
+            zip.start_file(format!("{name}.npy"), options)
+                .map_err(|e| NpyError::Zip(e.to_string()))?;
+            write_npy(&mut zip, array)?;
+        }
+        zip.finish().map_err(|e| NpyError::Zip(e.to_string()))?;
+        Ok(())
+    })
+}
