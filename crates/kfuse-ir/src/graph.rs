@@ -199,6 +199,43 @@ impl Graph {
         Ok(())
     }
 
+    /// The part of this graph that computes `outputs`, with only the nodes they depend on,
+    /// renumbered in the same relative order. Inputs nobody reads are dropped too.
+    pub fn extract(&self, outputs: &[(String, Value)]) -> Result<Graph, IrError> {
+        let mut needed = vec![false; self.nodes.len()];
+        for (name, v) in outputs {
+            if self.try_ty(*v).is_none() {
+                return Err(IrError::BadOutput {
+                    name: name.clone(),
+                    node: v.node.0,
+                    result: v.result,
+                });
+            }
+            needed[v.node.index()] = true;
+        }
+        for i in (0..self.nodes.len()).rev() {
+            if needed[i] {
+                for v in &self.nodes[i].operands {
+                    needed[v.node.index()] = true;
+                }
+            }
+        }
+        let mut remap = vec![NodeId(u32::MAX); self.nodes.len()];
+        let mut out = Graph::new();
+        let moved = |remap: &[NodeId], v: Value| Value {
+            node: remap[v.node.index()],
+            result: v.result,
+        };
+        for (i, node) in self.nodes.iter().enumerate().filter(|(i, _)| needed[*i]) {
+            let operands = node.operands.iter().map(|v| moved(&remap, *v)).collect();
+            remap[i] = out.add_node(node.op.clone(), operands)?;
+        }
+        for (name, v) in outputs {
+            out.add_output(name.clone(), moved(&remap, *v))?;
+        }
+        Ok(out)
+    }
+
     /// Direct mutable access for passes. Call [`Graph::verify`] afterwards.
     pub fn nodes_mut(&mut self) -> &mut Vec<Node> {
         &mut self.nodes

@@ -117,6 +117,19 @@ pub struct Conv2dAttrs {
     pub groups: usize,
 }
 
+impl Default for Conv2dAttrs {
+    /// NCHW, stride 1, no padding, no dilation, one group.
+    fn default() -> Self {
+        Conv2dAttrs {
+            layout: Layout::Nchw,
+            stride: [1, 1],
+            padding: [0; 4],
+            dilation: [1, 1],
+            groups: 1,
+        }
+    }
+}
+
 /// Attributes of `pool2d`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Pool2dAttrs {

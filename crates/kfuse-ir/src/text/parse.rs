@@ -210,7 +210,11 @@ impl Parser {
             }
         }
         let mut attrs = Vec::new();
+        // An attribute is `key=value`; the lookahead keeps a following `output` statement out.
         while let Tok::Ident(key) = self.peek().clone() {
+            if self.toks.get(self.at + 1).map(|t| &t.0) != Some(&Tok::Punct('=')) {
+                break;
+            }
             self.next();
             self.punct('=')?;
             attrs.push((key, self.attr_value()?));

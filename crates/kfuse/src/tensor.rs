@@ -1,0 +1,1088 @@
+//! The lazy tensor API: every operation appends a node to its context's graph.
+//!
+//! Operations never panic on bad operands. A failed operation yields a tensor that carries the
+//! error (with the caller's source position); operations on it pass the error along, and it is
+//! reported by [`Context::run`], [`Tensor::to_vec`] or [`Tensor::ty`].
+
+use std::cell::RefCell;
+use std::panic::Location;
+use std::rc::Rc;
+
+use kfuse_interp::CustomOps;
+use kfuse_ir::{
+    Array, BinaryOp, CompareOp, Conv2dAttrs, DType, Element, Graph, IrError, Layout, Op, PadMode,
+    Pool2dAttrs, PoolKind, ReduceOp, RngDist, Shape, Storage, TensorType, UnaryOp, Value,
+};
+
+use crate::Error;
+
+struct Builder {
+    graph: Graph,
+    next_seed: u64,
+    custom: CustomOps,
+}
+
+/// A graph under construction, shared by the tensors built in it. Cheap to clone.
+#[derive(Clone)]
+pub struct Context {
+    inner: Rc<RefCell<Builder>>,
+}
+
+impl Default for Context {
+    fn default() -> Self {
+        Context::new()
+    }
+}
+
+/// A deferred error: where the failing call was made and what went wrong.
+#[derive(Debug, Clone)]
+struct BuildError {
+    location: String,
+    message: String,
+}
+
+impl From<&BuildError> for Error {
+    fn from(e: &BuildError) -> Error {
+        Error::Build {
+            location: e.location.clone(),
+            message: e.message.clone(),
+        }
+    }
+}
+
+/// A lazy tensor: a value in its context's graph, or the error that prevented it.
+#[derive(Clone)]
+pub struct Tensor {
+    cx: Context,
+    value: Result<Value, Rc<BuildError>>,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.value {
+            Ok(v) => write!(
+                f,
+                "Tensor(%{}#{}: {})",
+                v.node.0,
+                v.result,
+                self.cx.inner.borrow().graph.ty(*v)
+            ),
+            Err(e) => write!(f, "Tensor(error at {}: {})", e.location, e.message),
+        }
+    }
+}
+
+fn here(location: &Location) -> String {
+    format!(
+        "{}:{}:{}",
+        location.file(),
+        location.line(),
+        location.column()
+    )
+}
+
+/// An `f64` value as a rank-0 array of `dtype` (truncating toward zero for integers).
+fn scalar_array(value: f64, dtype: DType) -> Array {
+    let storage = match dtype {
+        DType::F32 => Storage::F32(vec![value as f32]),
+        DType::F64 => Storage::F64(vec![value]),
+        DType::F16 => Storage::F16(vec![kfuse_ir::f16::from_f64(value)]),
+        DType::BF16 => Storage::BF16(vec![kfuse_ir::bf16::from_f64(value)]),
+        DType::I32 => Storage::I32(vec![value as i32]),
+        DType::I64 => Storage::I64(vec![value as i64]),
+        DType::U8 => Storage::U8(vec![value as u8]),
+        DType::Bool => Storage::Bool(vec![value != 0.0]),
+    };
+    Array::new(Shape::scalar(), storage).expect("one element")
+}
+
+impl Context {
+    /// An empty context. Random ops draw seeds 0, 1, 2, ... unless [`Context::set_seed`] says
+    /// otherwise.
+    pub fn new() -> Context {
+        Context {
+            inner: Rc::new(RefCell::new(Builder {
+                graph: Graph::new(),
+                next_seed: 0,
+                custom: CustomOps::new(),
+            })),
+        }
+    }
+
+    /// Makes the next random op use `seed` (and the ones after it `seed + 1`, ...).
+    pub fn set_seed(&self, seed: u64) {
+        self.inner.borrow_mut().next_seed = seed;
+    }
+
+    fn error(&self, location: &Location, message: impl Into<String>) -> Tensor {
+        Tensor {
+            cx: self.clone(),
+            value: Err(Rc::new(BuildError {
+                location: here(location),
+                message: message.into(),
+            })),
+        }
+    }
+
+    /// Adds a node; returns one tensor per result (or the error, for each).
+    fn node(&self, location: &Location, op: Op, operands: &[&Tensor]) -> Vec<Tensor> {
+        let mut values = Vec::with_capacity(operands.len());
+        for t in operands {
+            if !Rc::ptr_eq(&t.cx.inner, &self.inner) {
+                return vec![self.error(
+                    location,
+                    format!("{}: an operand belongs to another Context", op.name()),
+                )];
+            }
+            match &t.value {
+                Ok(v) => values.push(*v),
+                Err(e) => {
+                    return vec![Tensor {
+                        cx: self.clone(),
+                        value: Err(e.clone()),
+                    }]
+                }
+            }
+        }
+        let name = op.name();
+        let added = self.inner.borrow_mut().graph.add_node(op, values);
+        match added {
+            Ok(id) => {
+                let n = self.inner.borrow().graph.node(id).types.len() as u32;
+                (0..n)
+                    .map(|result| Tensor {
+                        cx: self.clone(),
+                        value: Ok(Value { node: id, result }),
+                    })
+                    .collect()
+            }
+            Err(IrError::Type { error, .. }) => {
+                vec![self.error(location, format!("{name}: {error}"))]
+            }
+            Err(other) => vec![self.error(location, format!("{name}: {other}"))],
+        }
+    }
+
+    fn node1(&self, location: &Location, op: Op, operands: &[&Tensor]) -> Tensor {
+        self.node(location, op, operands).swap_remove(0)
+    }
+
+    /// A named input of the given type, bound when the program runs.
+    #[track_caller]
+    pub fn input(&self, name: &str, dtype: DType, shape: &[usize]) -> Tensor {
+        self.node1(
+            Location::caller(),
+            Op::Input {
+                name: name.into(),
+                ty: TensorType::new(dtype, shape),
+            },
+            &[],
+        )
+    }
+
+    /// A constant holding `array`.
+    #[track_caller]
+    pub fn constant(&self, array: Array) -> Tensor {
+        self.node1(Location::caller(), Op::Constant { value: array }, &[])
+    }
+
+    /// A constant from a slice, in row-major order.
+    #[track_caller]
+    pub fn tensor<T: Element>(&self, data: &[T], shape: &[usize]) -> Tensor {
+        self.from_vec(data.to_vec(), shape)
+    }
+
+    /// A constant from a vector, in row-major order.
+    #[track_caller]
+    pub fn from_vec<T: Element>(&self, data: Vec<T>, shape: &[usize]) -> Tensor {
+        match Array::from_vec(shape.to_vec(), data) {
+            Ok(array) => self.constant(array),
+            Err(e) => self.error(Location::caller(), format!("constant: {e}")),
+        }
+    }
+
+    /// A rank-0 constant.
+    #[track_caller]
+    pub fn scalar<T: Element>(&self, value: T) -> Tensor {
+        self.constant(Array::scalar(value))
+    }
+
+    /// A tensor of `shape` filled with `value` (a broadcast scalar constant).
+    #[track_caller]
+    pub fn full(&self, value: f64, dtype: DType, shape: &[usize]) -> Tensor {
+        self.constant(scalar_array(value, dtype))
+            .broadcast_to(shape)
+    }
+
+    #[track_caller]
+    pub fn zeros(&self, dtype: DType, shape: &[usize]) -> Tensor {
+        self.full(0.0, dtype, shape)
+    }
+
+    #[track_caller]
+    pub fn ones(&self, dtype: DType, shape: &[usize]) -> Tensor {
+        self.full(1.0, dtype, shape)
+    }
+
+    /// `[0, 1, ..., n-1]`.
+    #[track_caller]
+    pub fn arange(&self, n: usize, dtype: DType) -> Tensor {
+        self.iota(dtype, &[n], 0)
+    }
+
+    /// Each element holds its index along `axis`.
+    #[track_caller]
+    pub fn iota(&self, dtype: DType, shape: &[usize], axis: usize) -> Tensor {
+        self.node1(
+            Location::caller(),
+            Op::Iota {
+                ty: TensorType::new(dtype, shape),
+                axis,
+            },
+            &[],
+        )
+    }
+
+    fn rng(&self, location: &Location, dist: RngDist, dtype: DType, shape: &[usize]) -> Tensor {
+        let seed = {
+            let mut b = self.inner.borrow_mut();
+            let s = b.next_seed;
+            b.next_seed = s.wrapping_add(1);
+            s
+        };
+        self.node1(
+            location,
+            Op::Rng {
+                ty: TensorType::new(dtype, shape),
+                dist,
+                seed,
+            },
+            &[],
+        )
+    }
+
+    /// Uniform random numbers on `[0, 1)`.
+    #[track_caller]
+    pub fn rand(&self, dtype: DType, shape: &[usize]) -> Tensor {
+        self.rng(Location::caller(), RngDist::Uniform, dtype, shape)
+    }
+
+    /// Standard normal random numbers.
+    #[track_caller]
+    pub fn randn(&self, dtype: DType, shape: &[usize]) -> Tensor {
+        self.rng(Location::caller(), RngDist::Normal, dtype, shape)
+    }
+
+    /// Registers the function behind `custom` ops named `name`.
+    pub fn register_custom(
+        &self,
+        name: &str,
+        f: impl Fn(&[Array]) -> Result<Vec<Array>, String> + Send + Sync + 'static,
+    ) {
+        self.inner.borrow_mut().custom.register(name, f);
+    }
+
+    /// Calls the registered function `name` on `inputs`; it must return arrays of `outputs`' types.
+    #[track_caller]
+    pub fn custom(&self, name: &str, inputs: &[&Tensor], outputs: &[TensorType]) -> Vec<Tensor> {
+        let op = Op::Custom {
+            name: name.into(),
+            outputs: outputs.to_vec(),
+        };
+        self.node(Location::caller(), op, inputs)
+    }
+
+    /// The graph computing `outputs` (only the nodes they need).
+    pub fn graph(&self, outputs: &[(&str, &Tensor)]) -> Result<Graph, Error> {
+        let mut named = Vec::with_capacity(outputs.len());
+        for (name, t) in outputs {
+            match &t.value {
+                Ok(v) => named.push((name.to_string(), *v)),
+                Err(e) => return Err(e.as_ref().into()),
+            }
+        }
+        Ok(self.inner.borrow().graph.extract(&named)?)
+    }
+
+    /// Runs the program computing `outputs` on the reference interpreter. Every name in `inputs`
+    /// must be an input of this context; inputs the outputs do not need are ignored.
+    pub fn run(
+        &self,
+        outputs: &[(&str, &Tensor)],
+        inputs: &[(&str, Array)],
+    ) -> Result<Vec<Array>, Error> {
+        let graph = self.graph(outputs)?;
+        let builder = self.inner.borrow();
+        let mut bound = Vec::new();
+        for (name, array) in inputs {
+            if !builder.graph.inputs().any(|(_, n, _)| n == *name) {
+                let known: Vec<String> = builder
+                    .graph
+                    .inputs()
+                    .map(|(_, n, t)| format!("{n:?}: {t}"))
+                    .collect();
+                return Err(kfuse_interp::InterpError::UnknownInput {
+                    name: name.to_string(),
+                    known: known.join(", "),
+                }
+                .into());
+            }
+            if graph.inputs().any(|(_, n, _)| n == *name) {
+                bound.push((name.to_string(), array.clone()));
+            }
+        }
+        let results = kfuse_interp::run(&graph, &bound, &builder.custom)?;
+        Ok(results.into_iter().map(|(_, a)| a).collect())
+    }
+}
+
+/// Normalizes a possibly negative axis against `rank`.
+fn norm_axis(axis: isize, rank: usize) -> Result<usize, String> {
+    let r = rank as isize;
+    let a = if axis < 0 { axis + r } else { axis };
+    if (0..r).contains(&a) {
+        Ok(a as usize)
+    } else {
+        Err(format!("axis {axis} is out of range for rank {rank}"))
+    }
+}
+
+impl Tensor {
+    /// The context this tensor lives in.
+    pub fn context(&self) -> &Context {
+        &self.cx
+    }
+
+    /// The dtype and shape, or the error that prevented this tensor.
+    pub fn ty(&self) -> Result<TensorType, Error> {
+        match &self.value {
+            Ok(v) => Ok(self.cx.inner.borrow().graph.ty(*v).clone()),
+            Err(e) => Err(e.as_ref().into()),
+        }
+    }
+
+    /// The dims, or the error that prevented this tensor.
+    pub fn shape(&self) -> Result<Vec<usize>, Error> {
+        self.ty().map(|t| t.shape.0)
+    }
+
+    /// The IR value, or the error that prevented this tensor.
+    pub fn value(&self) -> Result<Value, Error> {
+        self.value.clone().map_err(|e| e.as_ref().into())
+    }
+
+    /// Evaluates this tensor (it must not depend on inputs) and returns its array.
+    pub fn to_array(&self) -> Result<Array, Error> {
+        Ok(self.cx.run(&[("out", self)], &[])?.swap_remove(0))
+    }
+
+    /// Evaluates this tensor and returns its elements in row-major order.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, Error> {
+        let array = self.to_array()?;
+        match array.as_slice::<T>() {
+            Some(s) => Ok(s.to_vec()),
+            None => Err(Error::Build {
+                location: "to_vec".into(),
+                message: format!("the tensor is {}, not {}", array.dtype(), T::DTYPE),
+            }),
+        }
+    }
+
+    fn rank(&self) -> usize {
+        self.ty().map_or(0, |t| t.shape.rank())
+    }
+
+    fn dims(&self) -> Vec<usize> {
+        self.shape().unwrap_or_default()
+    }
+
+    fn dtype_or_f32(&self) -> DType {
+        self.ty().map_or(DType::F32, |t| t.dtype)
+    }
+
+    fn op(&self, location: &Location, op: Op, others: &[&Tensor]) -> Tensor {
+        let mut operands = vec![self];
+        operands.extend_from_slice(others);
+        self.cx.node1(location, op, &operands)
+    }
+
+    /// Runs `f` with a normalized axis, or yields the axis error.
+    fn with_axis(
+        &self,
+        location: &Location,
+        axis: isize,
+        f: impl FnOnce(usize) -> Tensor,
+    ) -> Tensor {
+        if let Err(e) = &self.value {
+            return Tensor {
+                cx: self.cx.clone(),
+                value: Err(e.clone()),
+            };
+        }
+        match norm_axis(axis, self.rank()) {
+            Ok(a) => f(a),
+            Err(m) => self.cx.error(location, m),
+        }
+    }
+
+    fn with_axes(
+        &self,
+        location: &Location,
+        axes: &[isize],
+        f: impl FnOnce(Vec<usize>) -> Tensor,
+    ) -> Tensor {
+        if let Err(e) = &self.value {
+            return Tensor {
+                cx: self.cx.clone(),
+                value: Err(e.clone()),
+            };
+        }
+        let mut normalized = Vec::with_capacity(axes.len());
+        for &a in axes {
+            match norm_axis(a, self.rank()) {
+                Ok(a) => normalized.push(a),
+                Err(m) => return self.cx.error(location, m),
+            }
+        }
+        normalized.sort_unstable();
+        if normalized.windows(2).any(|w| w[0] == w[1]) {
+            return self
+                .cx
+                .error(location, format!("axes {axes:?} repeat an axis"));
+        }
+        f(normalized)
+    }
+
+    /// A scalar constant of this tensor's dtype.
+    fn like(&self, location: &Location, value: f64) -> Tensor {
+        self.cx.node1(
+            location,
+            Op::Constant {
+                value: scalar_array(value, self.dtype_or_f32()),
+            },
+            &[],
+        )
+    }
+}
+
+macro_rules! unary_methods {
+    ($($(#[$doc:meta])* $name:ident => $op:ident),* $(,)?) => {
+        impl Tensor {
+            $(
+                $(#[$doc])*
+                #[track_caller]
+                pub fn $name(&self) -> Tensor {
+                    self.op(Location::caller(), Op::Unary(UnaryOp::$op), &[])
+                }
+            )*
+        }
+    };
+}
+unary_methods! {
+    abs => Abs, sign => Sign, exp => Exp, exp2 => Exp2, log => Log, log2 => Log2,
+    log1p => Log1p, expm1 => Expm1, sqrt => Sqrt, rsqrt => Rsqrt, reciprocal => Reciprocal,
+    sin => Sin, cos => Cos, tanh => Tanh, sigmoid => Sigmoid, relu => Relu,
+    /// GELU, erf form.
+    gelu => Gelu,
+    /// GELU, tanh approximation.
+    gelu_tanh => GeluTanh,
+    erf => Erf, softplus => Softplus, floor => Floor, ceil => Ceil,
+    /// Round half to even.
+    round => Round,
+    /// Logical not of a bool tensor (also `!x`).
+    logical_not => Not,
+}
+
+macro_rules! binary_methods {
+    ($($(#[$doc:meta])* $name:ident => $op:expr),* $(,)?) => {
+        // `add`, `sub`, ... mirror the operators for PyTorch-style method chains.
+        #[allow(clippy::should_implement_trait)]
+        impl Tensor {
+            $(
+                $(#[$doc])*
+                #[track_caller]
+                pub fn $name(&self, other: &Tensor) -> Tensor {
+                    self.op(Location::caller(), $op, &[other])
+                }
+            )*
+        }
+    };
+}
+binary_methods! {
+    add => Op::Binary(BinaryOp::Add), sub => Op::Binary(BinaryOp::Sub),
+    mul => Op::Binary(BinaryOp::Mul),
+    /// True division for floats, floor division for integers.
+    div => Op::Binary(BinaryOp::Div),
+    /// numpy `remainder` (the sign of the divisor).
+    rem => Op::Binary(BinaryOp::Rem),
+    pow => Op::Binary(BinaryOp::Pow),
+    /// Elementwise maximum (NaN propagates).
+    maximum => Op::Binary(BinaryOp::Max),
+    /// Elementwise minimum (NaN propagates).
+    minimum => Op::Binary(BinaryOp::Min),
+    logical_and => Op::Binary(BinaryOp::And), logical_or => Op::Binary(BinaryOp::Or),
+    logical_xor => Op::Binary(BinaryOp::Xor),
+    eq => Op::Compare(CompareOp::Eq), ne => Op::Compare(CompareOp::Ne),
+    lt => Op::Compare(CompareOp::Lt), le => Op::Compare(CompareOp::Le),
+    gt => Op::Compare(CompareOp::Gt), ge => Op::Compare(CompareOp::Ge),
+    /// Matrix product; see [`Tensor::matmul`] for 1-D operands.
+    bmm => Op::MatMul,
+}
+
+macro_rules! reduce_methods {
+    ($($(#[$doc:meta])* $name:ident, $all:ident => $op:ident),* $(,)?) => {
+        impl Tensor {
+            $(
+                $(#[$doc])*
+                #[track_caller]
+                pub fn $name(&self, axes: &[isize], keepdims: bool) -> Tensor {
+                    let loc = Location::caller();
+                    self.with_axes(loc, axes, |axes| self.op(loc, Op::Reduce { op: ReduceOp::$op, axes, keepdims }, &[]))
+                }
+                #[doc = concat!("`", stringify!($name), "` over every axis, to a scalar.")]
+                #[track_caller]
+                pub fn $all(&self) -> Tensor {
+                    let axes: Vec<isize> = (0..self.rank() as isize).collect();
+                    let loc = Location::caller();
+                    self.with_axes(loc, &axes, |axes| self.op(loc, Op::Reduce { op: ReduceOp::$op, axes, keepdims: false }, &[]))
+                }
+            )*
+        }
+    };
+}
+reduce_methods! {
+    /// Sum over `axes` (negative axes count from the end).
+    sum, sum_all => Sum,
+    prod, prod_all => Prod,
+    /// Maximum over `axes` (NaN propagates).
+    max, max_all => Max,
+    min, min_all => Min,
+    /// Mean over `axes` (float dtypes).
+    mean, mean_all => Mean,
+}
+
+impl Tensor {
+    /// Index of the first maximum along `axis` (i64).
+    #[track_caller]
+    pub fn argmax(&self, axis: isize, keepdims: bool) -> Tensor {
+        let loc = Location::caller();
+        self.with_axis(loc, axis, |a| {
+            self.op(
+                loc,
+                Op::Reduce {
+                    op: ReduceOp::ArgMax,
+                    axes: vec![a],
+                    keepdims,
+                },
+                &[],
+            )
+        })
+    }
+
+    /// Index of the first minimum along `axis` (i64).
+    #[track_caller]
+    pub fn argmin(&self, axis: isize, keepdims: bool) -> Tensor {
+        let loc = Location::caller();
+        self.with_axis(loc, axis, |a| {
+            self.op(
+                loc,
+                Op::Reduce {
+                    op: ReduceOp::ArgMin,
+                    axes: vec![a],
+                    keepdims,
+                },
+                &[],
+            )
+        })
+    }
+
+    /// Conversion to `dtype` (floats to integers truncate toward zero and saturate; NaN to 0).
+    #[track_caller]
+    pub fn cast(&self, dtype: DType) -> Tensor {
+        self.op(Location::caller(), Op::Cast { to: dtype }, &[])
+    }
+
+    /// `min(max(self, lo), hi)` with scalar bounds.
+    #[track_caller]
+    pub fn clamp(&self, lo: f64, hi: f64) -> Tensor {
+        let loc = Location::caller();
+        let (l, h) = (self.like(loc, lo), self.like(loc, hi));
+        self.op(loc, Op::Clamp, &[&l, &h])
+    }
+
+    /// `min(max(self, lo), hi)` with broadcast tensor bounds.
+    #[track_caller]
+    pub fn clamp_tensor(&self, lo: &Tensor, hi: &Tensor) -> Tensor {
+        self.op(Location::caller(), Op::Clamp, &[lo, hi])
+    }
+
+    /// The same elements in a new shape; one dim may be -1 and is then inferred.
+    #[track_caller]
+    pub fn reshape(&self, shape: &[isize]) -> Tensor {
+        let loc = Location::caller();
+        if let Err(e) = &self.value {
+            return Tensor {
+                cx: self.cx.clone(),
+                value: Err(e.clone()),
+            };
+        }
+        let n: usize = self.dims().iter().product();
+        let known: usize = shape
+            .iter()
+            .filter(|&&d| d >= 0)
+            .map(|&d| d as usize)
+            .product();
+        let holes = shape.iter().filter(|&&d| d == -1).count();
+        if shape.iter().any(|&d| d < -1)
+            || holes > 1
+            || (holes == 1 && (known == 0 || n % known != 0))
+        {
+            return self.cx.error(
+                loc,
+                format!("reshape: cannot reshape {:?} to {shape:?}", self.dims()),
+            );
+        }
+        let dims: Vec<usize> = shape
+            .iter()
+            .map(|&d| {
+                if d == -1 {
+                    n / known.max(1)
+                } else {
+                    d as usize
+                }
+            })
+            .collect();
+        self.op(
+            loc,
+            Op::Reshape {
+                shape: Shape::new(dims),
+            },
+            &[],
+        )
+    }
+
+    /// Reorders axes: output axis `i` is input axis `perm[i]`.
+    #[track_caller]
+    pub fn permute(&self, perm: &[isize]) -> Tensor {
+        let loc = Location::caller();
+        let rank = self.rank();
+        let perm: Result<Vec<usize>, String> = perm.iter().map(|&a| norm_axis(a, rank)).collect();
+        match perm {
+            Ok(perm) if self.value.is_ok() => self.op(loc, Op::Permute { perm }, &[]),
+            Ok(_) => self.clone(),
+            Err(m) => self.cx.error(loc, format!("permute: {m}")),
+        }
+    }
+
+    /// Swaps two axes.
+    #[track_caller]
+    pub fn transpose(&self, a: isize, b: isize) -> Tensor {
+        let loc = Location::caller();
+        let rank = self.rank();
+        match (norm_axis(a, rank), norm_axis(b, rank)) {
+            (Ok(a), Ok(b)) => {
+                let mut perm: Vec<isize> = (0..rank as isize).collect();
+                perm.swap(a, b);
+                self.permute(&perm)
+            }
+            _ if self.value.is_err() => self.clone(),
+            _ => self
+                .cx
+                .error(loc, format!("transpose: axes {a} and {b} for rank {rank}")),
+        }
+    }
+
+    /// Swaps the last two axes (the matrix transpose).
+    #[track_caller]
+    pub fn t(&self) -> Tensor {
+        self.transpose(-2, -1)
+    }
+
+    /// numpy `broadcast_to`.
+    #[track_caller]
+    pub fn broadcast_to(&self, shape: &[usize]) -> Tensor {
+        self.op(
+            Location::caller(),
+            Op::Broadcast {
+                shape: Shape::new(shape.to_vec()),
+            },
+            &[],
+        )
+    }
+
+    /// Inserts an axis of size 1 at `axis` (which may be `rank`, or negative).
+    #[track_caller]
+    pub fn unsqueeze(&self, axis: isize) -> Tensor {
+        let loc = Location::caller();
+        let mut dims: Vec<isize> = self.dims().iter().map(|&d| d as isize).collect();
+        match norm_axis(axis, dims.len() + 1) {
+            Ok(a) => {
+                dims.insert(a, 1);
+                self.reshape(&dims)
+            }
+            Err(m) => self.cx.error(loc, format!("unsqueeze: {m}")),
+        }
+    }
+
+    /// Removes the size-1 axis `axis`.
+    #[track_caller]
+    pub fn squeeze(&self, axis: isize) -> Tensor {
+        let loc = Location::caller();
+        self.with_axis(loc, axis, |a| {
+            let mut dims: Vec<isize> = self.dims().iter().map(|&d| d as isize).collect();
+            if dims[a] != 1 {
+                return self.cx.error(
+                    loc,
+                    format!("squeeze: axis {a} has size {}, not 1", dims[a]),
+                );
+            }
+            dims.remove(a);
+            self.reshape(&dims)
+        })
+    }
+
+    /// Elements `start, start + step, ...` below `stop` along `axis`, with Python's rules for
+    /// negative and out-of-range bounds.
+    #[track_caller]
+    pub fn slice(&self, axis: isize, start: isize, stop: isize, step: usize) -> Tensor {
+        let loc = Location::caller();
+        self.with_axis(loc, axis, |a| {
+            let dims = self.dims();
+            let n = dims[a] as isize;
+            let clamp = |i: isize| if i < 0 { (i + n).max(0) } else { i.min(n) } as usize;
+            let (s, e) = (clamp(start), clamp(stop));
+            let mut starts = vec![0; dims.len()];
+            let mut stops = dims.clone();
+            let mut steps = vec![1; dims.len()];
+            starts[a] = s;
+            stops[a] = e.max(s);
+            steps[a] = step;
+            self.op(
+                loc,
+                Op::Slice {
+                    start: starts,
+                    stop: stops,
+                    step: steps,
+                },
+                &[],
+            )
+        })
+    }
+
+    /// `len` elements from `start` along `axis`.
+    #[track_caller]
+    pub fn narrow(&self, axis: isize, start: usize, len: usize) -> Tensor {
+        let loc = Location::caller();
+        self.with_axis(loc, axis, |a| {
+            let dims = self.dims();
+            let mut starts = vec![0; dims.len()];
+            let mut stops = dims.clone();
+            starts[a] = start;
+            stops[a] = start.saturating_add(len);
+            self.op(
+                loc,
+                Op::Slice {
+                    start: starts,
+                    stop: stops,
+                    step: vec![1; dims.len()],
+                },
+                &[],
+            )
+        })
+    }
+
+    /// numpy `pad`: `(before, after)` for every axis.
+    #[track_caller]
+    pub fn pad(&self, widths: &[(usize, usize)], mode: PadMode, value: f64) -> Tensor {
+        let low = widths.iter().map(|w| w.0).collect();
+        let high = widths.iter().map(|w| w.1).collect();
+        self.op(
+            Location::caller(),
+            Op::Pad {
+                low,
+                high,
+                mode,
+                value,
+            },
+            &[],
+        )
+    }
+
+    /// Reverses the order of elements along `axes`.
+    #[track_caller]
+    pub fn flip(&self, axes: &[isize]) -> Tensor {
+        let loc = Location::caller();
+        self.with_axes(loc, axes, |axes| self.op(loc, Op::Flip { axes }, &[]))
+    }
+
+    /// Matrix product with numpy's rules: batch dims broadcast, and a 1-D operand is treated as a
+    /// row (left) or column (right) vector whose axis is removed from the result.
+    #[track_caller]
+    pub fn matmul(&self, other: &Tensor) -> Tensor {
+        let loc = Location::caller();
+        let (ra, rb) = (self.rank(), other.rank());
+        let a = if ra == 1 {
+            self.op(
+                loc,
+                Op::Reshape {
+                    shape: Shape::new(vec![1, self.dims()[0]]),
+                },
+                &[],
+            )
+        } else {
+            self.clone()
+        };
+        let b = if rb == 1 {
+            other.op(
+                loc,
+                Op::Reshape {
+                    shape: Shape::new(vec![other.dims()[0], 1]),
+                },
+                &[],
+            )
+        } else {
+            other.clone()
+        };
+        let mut c = a.op(loc, Op::MatMul, &[&b]);
+        if rb == 1 {
+            c = c.squeeze(-1);
+        }
+        if ra == 1 {
+            c = c.squeeze(if rb == 1 { -1 } else { -2 });
+        }
+        c
+    }
+
+    /// 2-D convolution with a `[C_out, C_in/groups, KH, KW]` weight.
+    #[track_caller]
+    pub fn conv2d(&self, weight: &Tensor, attrs: Conv2dAttrs) -> Tensor {
+        self.op(Location::caller(), Op::Conv2d(attrs), &[weight])
+    }
+
+    /// 2-D pooling with full control of the attributes.
+    #[track_caller]
+    pub fn pool2d(&self, attrs: Pool2dAttrs) -> Tensor {
+        self.op(Location::caller(), Op::Pool2d(attrs), &[])
+    }
+
+    /// NCHW max pooling with a square `window`, `stride` and symmetric `padding`.
+    #[track_caller]
+    pub fn max_pool2d(&self, window: usize, stride: usize, padding: usize) -> Tensor {
+        self.pool2d(square_pool(PoolKind::Max, window, stride, padding))
+    }
+
+    /// NCHW average pooling (padding excluded from the count).
+    #[track_caller]
+    pub fn avg_pool2d(&self, window: usize, stride: usize, padding: usize) -> Tensor {
+        self.pool2d(square_pool(PoolKind::Avg, window, stride, padding))
+    }
+
+    /// `out[p] = self[p with p[axis] = index[p]]` (numpy `take_along_axis`).
+    #[track_caller]
+    pub fn gather(&self, axis: isize, index: &Tensor) -> Tensor {
+        let loc = Location::caller();
+        self.with_axis(loc, axis, |a| {
+            self.op(loc, Op::Gather { axis: a }, &[index])
+        })
+    }
+
+    /// `out = self; out[p with p[axis] = index[p]] += src[p]`.
+    #[track_caller]
+    pub fn scatter_add(&self, axis: isize, index: &Tensor, src: &Tensor) -> Tensor {
+        let loc = Location::caller();
+        self.with_axis(loc, axis, |a| {
+            self.op(loc, Op::ScatterAdd { axis: a }, &[index, src])
+        })
+    }
+
+    /// Stable sort along `axis`: `(values, indices)`.
+    #[track_caller]
+    pub fn sort(&self, axis: isize, descending: bool) -> (Tensor, Tensor) {
+        let loc = Location::caller();
+        let mut results = vec![];
+        let first = self.with_axis(loc, axis, |a| {
+            results = self.cx.node(
+                loc,
+                Op::Sort {
+                    axis: a,
+                    descending,
+                },
+                &[self],
+            );
+            results[0].clone()
+        });
+        pair(first, results)
+    }
+
+    /// The indices that sort along `axis`.
+    #[track_caller]
+    pub fn argsort(&self, axis: isize, descending: bool) -> Tensor {
+        self.sort(axis, descending).1
+    }
+
+    /// The `k` largest (or smallest) along `axis`, in order: `(values, indices)`.
+    #[track_caller]
+    pub fn topk(&self, k: usize, axis: isize, largest: bool) -> (Tensor, Tensor) {
+        let loc = Location::caller();
+        let mut results = vec![];
+        let first = self.with_axis(loc, axis, |a| {
+            results = self.cx.node(
+                loc,
+                Op::TopK {
+                    axis: a,
+                    k,
+                    largest,
+                },
+                &[self],
+            );
+            results[0].clone()
+        });
+        pair(first, results)
+    }
+}
+
+fn pair(first: Tensor, mut results: Vec<Tensor>) -> (Tensor, Tensor) {
+    if results.len() == 2 {
+        let second = results.pop().expect("two results");
+        (results.pop().expect("two results"), second)
+    } else {
+        (first.clone(), first)
+    }
+}
+
+fn square_pool(kind: PoolKind, window: usize, stride: usize, padding: usize) -> Pool2dAttrs {
+    Pool2dAttrs {
+        kind,
+        layout: Layout::Nchw,
+        window: [window, window],
+        stride: [stride, stride],
+        padding: [padding; 4],
+        dilation: [1, 1],
+        count_include_pad: false,
+    }
+}
+
+/// `a` where `cond` holds, else `b` (numpy `where`), with broadcasting.
+#[track_caller]
+pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
+    cond.op(Location::caller(), Op::Select, &[a, b])
+}
+
+/// Concatenation along `axis`.
+#[track_caller]
+pub fn cat(parts: &[&Tensor], axis: isize) -> Tensor {
+    let loc = Location::caller();
+    match parts.first() {
+        None => Context::new().error(loc, "cat: no tensors given"),
+        Some(first) => first.with_axis(loc, axis, |a| {
+            first.cx.node1(loc, Op::Concat { axis: a }, parts)
+        }),
+    }
+}
+
+macro_rules! operator {
+    ($trait:ident, $method:ident, $op:expr) => {
+        impl std::ops::$trait<&Tensor> for &Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: &Tensor) -> Tensor {
+                self.op(Location::caller(), $op, &[rhs])
+            }
+        }
+        impl std::ops::$trait<Tensor> for Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: Tensor) -> Tensor {
+                self.op(Location::caller(), $op, &[&rhs])
+            }
+        }
+        impl std::ops::$trait<&Tensor> for Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: &Tensor) -> Tensor {
+                self.op(Location::caller(), $op, &[rhs])
+            }
+        }
+        impl std::ops::$trait<Tensor> for &Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: Tensor) -> Tensor {
+                self.op(Location::caller(), $op, &[&rhs])
+            }
+        }
+        operator!(@scalar $trait, $method, $op, f64);
+        operator!(@scalar $trait, $method, $op, i64);
+    };
+    (@scalar $trait:ident, $method:ident, $op:expr, $s:ty) => {
+        // The scalar becomes a constant of the tensor's dtype. Only `f64` and `i64` scalars are
+        // accepted so that literals like `1.0` and `2` infer without annotations.
+        impl std::ops::$trait<$s> for &Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: $s) -> Tensor {
+                let loc = Location::caller();
+                let c = self.like(loc, rhs as f64);
+                self.op(loc, $op, &[&c])
+            }
+        }
+        impl std::ops::$trait<$s> for Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: $s) -> Tensor {
+                let loc = Location::caller();
+                let c = self.like(loc, rhs as f64);
+                self.op(loc, $op, &[&c])
+            }
+        }
+        impl std::ops::$trait<&Tensor> for $s {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: &Tensor) -> Tensor {
+                let loc = Location::caller();
+                let c = rhs.like(loc, self as f64);
+                c.op(loc, $op, &[rhs])
+            }
+        }
+        impl std::ops::$trait<Tensor> for $s {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: Tensor) -> Tensor {
+                let loc = Location::caller();
+                let c = rhs.like(loc, self as f64);
+                c.op(loc, $op, &[&rhs])
+            }
+        }
+    };
+}
+operator!(Add, add, Op::Binary(BinaryOp::Add));
+operator!(Sub, sub, Op::Binary(BinaryOp::Sub));
+operator!(Mul, mul, Op::Binary(BinaryOp::Mul));
+operator!(Div, div, Op::Binary(BinaryOp::Div));
+operator!(Rem, rem, Op::Binary(BinaryOp::Rem));
+operator!(BitAnd, bitand, Op::Binary(BinaryOp::And));
+operator!(BitOr, bitor, Op::Binary(BinaryOp::Or));
+operator!(BitXor, bitxor, Op::Binary(BinaryOp::Xor));
+
+impl std::ops::Neg for &Tensor {
+    type Output = Tensor;
+    #[track_caller]
+    fn neg(self) -> Tensor {
+        self.op(Location::caller(), Op::Unary(UnaryOp::Neg), &[])
+    }
+}
+
+impl std::ops::Neg for Tensor {
+    type Output = Tensor;
+    #[track_caller]
+    fn neg(self) -> Tensor {
+        self.op(Location::caller(), Op::Unary(UnaryOp::Neg), &[])
+    }
+}
+
+impl std::ops::Not for &Tensor {
+    type Output = Tensor;
+    #[track_caller]
+    fn not(self) -> Tensor {
+        self.op(Location::caller(), Op::Unary(UnaryOp::Not), &[])
+    }
+}
