@@ -277,7 +277,13 @@ fn eval(
         Op::Slice { start, step, .. } => one(movement::slice(operands[0], start, step, &out.shape)),
         Op::Pad {
             low, mode, value, ..
-        } => one(movement::pad(operands[0], low, *mode, *value, &out.shape)),
+        } => one(movement::pad(
+            operands[0],
+            low,
+            *mode,
+            value.value(),
+            &out.shape,
+        )),
         Op::Concat { axis } => one(movement::concat(operands, *axis, &out.shape)),
         Op::Flip { axes } => one(movement::flip(operands[0], axes)),
         Op::MatMul => one(linalg::matmul(operands[0], operands[1], out)),

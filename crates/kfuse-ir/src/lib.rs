@@ -18,7 +18,7 @@ pub use error::{IrError, TypeError};
 pub use graph::{Graph, Node, NodeId, Output, Value};
 pub use half::{bf16, f16};
 pub use op::{
-    BinaryOp, CompareOp, Conv2dAttrs, Layout, Op, PadMode, Pool2dAttrs, PoolKind, ReduceOp,
+    BinaryOp, CompareOp, Conv2dAttrs, Ieee64, Layout, Op, PadMode, Pool2dAttrs, PoolKind, ReduceOp,
     RngDist, UnaryOp,
 };
 pub use shape::{Shape, TensorType};

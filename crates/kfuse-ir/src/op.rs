@@ -103,6 +103,21 @@ named_enum! {
     }
 }
 
+/// An `f64` attribute stored as its bits, so that equality (and hashing) is bitwise and NaN
+/// attributes compare equal to themselves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ieee64(u64);
+
+impl Ieee64 {
+    pub fn new(value: f64) -> Ieee64 {
+        Ieee64(value.to_bits())
+    }
+
+    pub fn value(self) -> f64 {
+        f64::from_bits(self.0)
+    }
+}
+
 /// Attributes of `conv2d`. The weight is always `[C_out, C_in / groups, KH, KW]`; `layout` applies
 /// to the input and output activations.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -207,7 +222,7 @@ pub enum Op {
         low: Vec<usize>,
         high: Vec<usize>,
         mode: PadMode,
-        value: f64,
+        value: Ieee64,
     },
     Concat {
         axis: usize,

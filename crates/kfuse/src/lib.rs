@@ -28,8 +28,9 @@ mod tensor;
 pub use kfuse_interp::{CustomOps, InterpError, RunStats};
 pub use kfuse_ir::text::{parse_graph, print_graph, ParseError};
 pub use kfuse_ir::{
-    bf16, f16, Array, BinaryOp, CompareOp, Conv2dAttrs, DType, Element, Graph, IrError, Layout, Op,
-    PadMode, Pool2dAttrs, PoolKind, ReduceOp, RngDist, Shape, TensorType, UnaryOp, Value,
+    bf16, f16, Array, BinaryOp, CompareOp, Conv2dAttrs, DType, Element, Graph, Ieee64, IrError,
+    Layout, Op, PadMode, Pool2dAttrs, PoolKind, ReduceOp, RngDist, Shape, TensorType, UnaryOp,
+    Value,
 };
 pub use kfuse_npy as npy;
 pub use tensor::{cat, where_, Context, Tensor};

@@ -802,7 +802,7 @@ impl Tensor {
                 low,
                 high,
                 mode,
-                value,
+                value: kfuse_ir::Ieee64::new(value),
             },
             &[],
         )

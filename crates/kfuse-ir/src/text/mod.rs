@@ -92,7 +92,7 @@ pub(crate) fn attrs_of(op: &Op) -> Vec<(&'static str, Attr)> {
             ("low", Attr::ints(low)),
             ("high", Attr::ints(high)),
             ("mode", Attr::ident(mode.name())),
-            ("value", Attr::Num(print::float_text(*value))),
+            ("value", Attr::Num(print::float_text(value.value()))),
         ],
         Op::Concat { axis } => vec![("axis", Attr::int(*axis))],
         Op::Flip { axes } => vec![("axes", Attr::ints(axes))],
@@ -345,11 +345,11 @@ pub(crate) fn op_from_text(
             low: attrs.usizes("low")?,
             high: attrs.usizes("high")?,
             mode: attrs.name("mode", PadMode::from_name, "constant, edge or reflect")?,
-            value: if attrs.has("value") {
+            value: crate::Ieee64::new(if attrs.has("value") {
                 attrs.f64("value")?
             } else {
                 0.0
-            },
+            }),
         },
         "concat" => Op::Concat {
             axis: attrs.usize("axis")?,

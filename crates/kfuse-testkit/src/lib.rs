@@ -1,0 +1,584 @@
+//! Test support: a seeded generator, random well-typed graphs over the whole op set, random
+//! arrays rich in edge values, and mutations of program text. Failing cases print their seed, so
+//! every failure replays.
+
+use kfuse_ir::{
+    Array, BinaryOp, CompareOp, Conv2dAttrs, DType, Graph, Layout, Op, PadMode, Pool2dAttrs,
+    PoolKind, ReduceOp, RngDist, Shape, Storage, TensorType, UnaryOp, Value,
+};
+
+/// SplitMix64: small, fast, and good enough to drive test generation.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+
+    pub fn pick<T: Clone>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len())].clone()
+    }
+
+    /// A float drawn mostly from ordinary values, often from the edge cases: NaN, +-inf, +-0,
+    /// subnormals, the largest and smallest normals, and values near 1.
+    pub fn float(&mut self) -> f64 {
+        match self.below(16) {
+            0 => f64::NAN,
+            1 => f64::INFINITY,
+            2 => f64::NEG_INFINITY,
+            3 => 0.0,
+            4 => -0.0,
+            5 => {
+                f32::from_bits(1 + self.below(0x7f_ffff) as u32) as f64
+                    * if self.chance(0.5) { 1.0 } else { -1.0 }
+            }
+            6 => f32::MAX as f64 * if self.chance(0.5) { 1.0 } else { -1.0 },
+            7 => 1.0 + (self.below(1000) as f64 - 500.0) * 1e-7,
+            _ => (self.below(20_001) as f64 - 10_000.0) / 1000.0,
+        }
+    }
+}
+
+/// A random array of `ty`.
+pub fn random_array(rng: &mut Rng, ty: &TensorType) -> Array {
+    let n = ty.shape.n_elems();
+    let storage = match ty.dtype {
+        DType::F32 => Storage::F32((0..n).map(|_| rng.float() as f32).collect()),
+        DType::F64 => Storage::F64((0..n).map(|_| rng.float()).collect()),
+        DType::F16 => Storage::F16(
+            (0..n)
+                .map(|_| kfuse_ir::f16::from_f64(rng.float()))
+                .collect(),
+        ),
+        DType::BF16 => Storage::BF16(
+            (0..n)
+                .map(|_| kfuse_ir::bf16::from_f64(rng.float()))
+                .collect(),
+        ),
+        DType::I32 => Storage::I32((0..n).map(|_| int_value(rng) as i32).collect()),
+        DType::I64 => Storage::I64((0..n).map(|_| int_value(rng)).collect()),
+        DType::U8 => Storage::U8((0..n).map(|_| int_value(rng) as u8).collect()),
+        DType::Bool => Storage::Bool((0..n).map(|_| rng.chance(0.5)).collect()),
+    };
+    Array::new(ty.shape.clone(), storage).expect("random array fills its shape")
+}
+
+fn int_value(rng: &mut Rng) -> i64 {
+    match rng.below(8) {
+        0 => i64::MIN,
+        1 => i64::MAX,
+        2 => 0,
+        3 => -1,
+        _ => rng.below(41) as i64 - 20,
+    }
+}
+
+/// A random shape of rank 0 to `max_rank` with dims 0 to 4 (zero-size dims are rare).
+pub fn random_shape(rng: &mut Rng, max_rank: usize) -> Shape {
+    let rank = rng.below(max_rank + 1);
+    Shape::new(
+        (0..rank)
+            .map(|_| {
+                if rng.chance(0.05) {
+                    0
+                } else {
+                    1 + rng.below(4)
+                }
+            })
+            .collect::<Vec<_>>(),
+    )
+}
+
+const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+/// Generates random graphs. Ops are proposed with random operands and attributes and kept when
+/// the graph accepts them, so both acceptance and rejection paths are exercised.
+pub struct GraphGen<'a> {
+    pub rng: &'a mut Rng,
+    pub graph: Graph,
+    values: Vec<Value>,
+    /// Whether to propose ops that only make sense for text round trips (custom ops).
+    pub allow_custom: bool,
+    /// Whether to use 16-bit float and integer dtypes, not only f32 and f64.
+    pub all_dtypes: bool,
+}
+
+impl<'a> GraphGen<'a> {
+    pub fn new(rng: &'a mut Rng) -> Self {
+        GraphGen {
+            rng,
+            graph: Graph::new(),
+            values: Vec::new(),
+            allow_custom: true,
+            all_dtypes: true,
+        }
+    }
+
+    fn dtype(&mut self) -> DType {
+        if self.all_dtypes {
+            self.rng.pick(&DType::ALL)
+        } else {
+            self.rng.pick(&[DType::F32, DType::F64])
+        }
+    }
+
+    fn add(&mut self, op: Op, operands: Vec<Value>) {
+        if let Ok(id) = self.graph.add_node(op, operands) {
+            for r in 0..self.graph.node(id).types.len() as u32 {
+                self.values.push(Value {
+                    node: id,
+                    result: r,
+                });
+            }
+        }
+    }
+
+    fn any_value(&mut self) -> Value {
+        self.values[self.rng.below(self.values.len())]
+    }
+
+    fn ty(&self, v: Value) -> TensorType {
+        self.graph.ty(v).clone()
+    }
+
+    fn constant(&mut self, ty: TensorType) -> Option<Value> {
+        let value = random_array(self.rng, &ty);
+        let id = self.graph.add_node(Op::Constant { value }, vec![]).ok()?;
+        self.values.push(Value::of(id));
+        Some(Value::of(id))
+    }
+
+    /// Adds `n_inputs` inputs and up to `n_ops` further nodes, then 1 to 3 outputs.
+    pub fn generate(mut self, n_inputs: usize, n_ops: usize) -> Graph {
+        for i in 0..n_inputs.max(1) {
+            let ty = TensorType {
+                dtype: self.dtype(),
+                shape: random_shape(self.rng, 3),
+            };
+            self.add(
+                Op::Input {
+                    name: format!("in{i}"),
+                    ty,
+                },
+                vec![],
+            );
+        }
+        for _ in 0..n_ops {
+            self.propose();
+        }
+        let n_out = 1 + self.rng.below(3);
+        for k in 0..n_out {
+            let v = self.any_value();
+            let _ = self.graph.add_output(format!("out{k}"), v);
+        }
+        self.graph
+    }
+
+    fn propose(&mut self) {
+        let x = self.any_value();
+        let tx = self.ty(x);
+        let rank = tx.shape.rank();
+        let choice = self.rng.below(24);
+        match choice {
+            0..=4 => {
+                let u = self.rng.pick(UnaryOp::ALL);
+                self.add(Op::Unary(u), vec![x]);
+            }
+            5..=7 => {
+                let b = self.rng.pick(BinaryOp::ALL);
+                let y = self.partner(&tx);
+                self.add(Op::Binary(b), vec![x, y]);
+            }
+            8 => {
+                let c = self.rng.pick(CompareOp::ALL);
+                let y = self.partner(&tx);
+                self.add(Op::Compare(c), vec![x, y]);
+            }
+            9 => {
+                let y = self.partner(&tx);
+                let cond_ty = TensorType {
+                    dtype: DType::Bool,
+                    shape: tx.shape.clone(),
+                };
+                if let Some(c) = self.constant(cond_ty) {
+                    let op = if self.rng.chance(0.5) {
+                        Op::Select
+                    } else {
+                        Op::Clamp
+                    };
+                    let operands = if op == Op::Select {
+                        vec![c, x, y]
+                    } else {
+                        vec![x, y, y]
+                    };
+                    self.add(op, operands);
+                }
+            }
+            10 => {
+                let to = self.dtype();
+                self.add(Op::Cast { to }, vec![x]);
+            }
+            11 | 12 => {
+                let op = self.rng.pick(ReduceOp::ALL);
+                let axes: Vec<usize> = (0..rank).filter(|_| self.rng.chance(0.5)).collect();
+                let keepdims = self.rng.chance(0.5);
+                let axes = if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) {
+                    axes.into_iter().take(1).collect()
+                } else {
+                    axes
+                };
+                self.add(Op::Reduce { op, axes, keepdims }, vec![x]);
+            }
+            13 => {
+                let n = tx.shape.n_elems();
+                let shape = match self.rng.below(3) {
+                    0 => Shape::new(vec![n]),
+                    1 => Shape::new(vec![1, n]),
+                    _ => Shape::new(tx.shape.dims().iter().rev().copied().collect::<Vec<_>>()),
+                };
+                self.add(Op::Reshape { shape }, vec![x]);
+            }
+            14 => {
+                let mut perm: Vec<usize> = (0..rank).collect();
+                for i in (1..rank).rev() {
+                    let j = self.rng.below(i + 1);
+                    perm.swap(i, j);
+                }
+                self.add(Op::Permute { perm }, vec![x]);
+            }
+            15 => {
+                let mut dims = vec![1 + self.rng.below(3)];
+                dims.extend(tx.shape.dims().iter().map(|&d| {
+                    if d == 1 {
+                        1 + self.rng.below(3)
+                    } else {
+                        d
+                    }
+                }));
+                self.add(
+                    Op::Broadcast {
+                        shape: Shape::new(dims),
+                    },
+                    vec![x],
+                );
+            }
+            16 => {
+                let (mut start, mut stop, mut step) = (vec![], vec![], vec![]);
+                for &d in tx.shape.dims() {
+                    let a = self.rng.below(d + 1);
+                    let b = a + self.rng.below(d - a + 1);
+                    start.push(a);
+                    stop.push(b);
+                    step.push(1 + self.rng.below(3));
+                }
+                self.add(Op::Slice { start, stop, step }, vec![x]);
+            }
+            17 => {
+                let low = (0..rank).map(|_| self.rng.below(3)).collect();
+                let high = (0..rank).map(|_| self.rng.below(3)).collect();
+                let mode = self.rng.pick(PadMode::ALL);
+                let value = kfuse_ir::Ieee64::new(self.rng.float());
+                self.add(
+                    Op::Pad {
+                        low,
+                        high,
+                        mode,
+                        value,
+                    },
+                    vec![x],
+                );
+            }
+            18 => {
+                if rank > 0 {
+                    let axis = self.rng.below(rank);
+                    let y = if self.rng.chance(0.5) {
+                        x
+                    } else {
+                        self.partner(&tx)
+                    };
+                    self.add(Op::Concat { axis }, vec![x, y, x]);
+                }
+                let axes: Vec<usize> = (0..rank).filter(|_| self.rng.chance(0.5)).collect();
+                self.add(Op::Flip { axes }, vec![x]);
+            }
+            19 => {
+                // x @ x^T over the last two axes.
+                if rank >= 2 {
+                    let mut perm: Vec<usize> = (0..rank).collect();
+                    perm.swap(rank - 1, rank - 2);
+                    if let Ok(id) = self.graph.add_node(Op::Permute { perm }, vec![x]) {
+                        self.add(Op::MatMul, vec![x, Value::of(id)]);
+                    }
+                }
+            }
+            20 => self.propose_window_op(),
+            21 => {
+                if rank > 0 {
+                    let axis = self.rng.below(rank);
+                    let mut idims = tx.shape.dims().to_vec();
+                    idims[axis] = 1 + self.rng.below(3);
+                    let ishape = Shape::new(idims);
+                    let n = tx.shape.dims()[axis].max(1) as i64;
+                    let values: Vec<i64> = (0..ishape.n_elems())
+                        .map(|_| self.rng.below(2 * n as usize) as i64 - n)
+                        .collect();
+                    let index = Array::new(ishape.clone(), Storage::I64(values)).expect("sized");
+                    if let Ok(iid) = self.graph.add_node(Op::Constant { value: index }, vec![]) {
+                        if self.rng.chance(0.5) {
+                            self.add(Op::Gather { axis }, vec![x, Value::of(iid)]);
+                        } else if let Some(src) = self.constant(TensorType {
+                            dtype: tx.dtype,
+                            shape: ishape,
+                        }) {
+                            self.add(Op::ScatterAdd { axis }, vec![x, Value::of(iid), src]);
+                        }
+                    }
+                }
+            }
+            22 => {
+                if rank > 0 {
+                    let axis = self.rng.below(rank);
+                    if self.rng.chance(0.5) {
+                        let descending = self.rng.chance(0.5);
+                        self.add(Op::Sort { axis, descending }, vec![x]);
+                    } else {
+                        let k = self.rng.below(tx.shape.dims()[axis] + 1);
+                        let largest = self.rng.chance(0.5);
+                        self.add(Op::TopK { axis, k, largest }, vec![x]);
+                    }
+                }
+            }
+            _ => {
+                let shape = random_shape(self.rng, 3);
+                match self.rng.below(4) {
+                    0 => {
+                        let dtype = self.dtype();
+                        let _ = self.constant(TensorType { dtype, shape });
+                    }
+                    1 if shape.rank() > 0 => {
+                        let axis = self.rng.below(shape.rank());
+                        let dtype = self.dtype();
+                        self.add(
+                            Op::Iota {
+                                ty: TensorType { dtype, shape },
+                                axis,
+                            },
+                            vec![],
+                        );
+                    }
+                    2 => {
+                        let dtype = self.rng.pick(&FLOATS);
+                        let dist = self.rng.pick(RngDist::ALL);
+                        let seed = self.rng.next_u64();
+                        self.add(
+                            Op::Rng {
+                                ty: TensorType { dtype, shape },
+                                dist,
+                                seed,
+                            },
+                            vec![],
+                        );
+                    }
+                    _ if self.allow_custom => {
+                        let outputs = vec![
+                            tx.clone(),
+                            TensorType {
+                                dtype: DType::I64,
+                                shape,
+                            },
+                        ];
+                        self.add(
+                            Op::Custom {
+                                name: "user.fn\"x\"".into(),
+                                outputs,
+                            },
+                            vec![x],
+                        );
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// A value to pair with one of type `tx`: often a broadcast-compatible constant of its dtype.
+    fn partner(&mut self, tx: &TensorType) -> Value {
+        if self.rng.chance(0.3) {
+            return self.any_value();
+        }
+        let dims: Vec<usize> = tx
+            .shape
+            .dims()
+            .iter()
+            .map(|&d| if self.rng.chance(0.3) { 1 } else { d })
+            .collect();
+        let skip = if dims.is_empty() {
+            0
+        } else {
+            self.rng.below(dims.len() + 1)
+        };
+        let ty = TensorType {
+            dtype: tx.dtype,
+            shape: Shape::new(dims[skip..].to_vec()),
+        };
+        self.constant(ty).unwrap_or_else(|| self.any_value())
+    }
+
+    fn propose_window_op(&mut self) {
+        let dtype = self.rng.pick(&[DType::F32, DType::F64]);
+        let layout = self.rng.pick(Layout::ALL);
+        let (n, c, h, w) = (
+            1 + self.rng.below(2),
+            1 + self.rng.below(4),
+            1 + self.rng.below(6),
+            1 + self.rng.below(6),
+        );
+        let dims = match layout {
+            Layout::Nchw => vec![n, c, h, w],
+            Layout::Nhwc => vec![n, h, w, c],
+        };
+        let Some(x) = self.constant(TensorType::new(dtype, dims)) else {
+            return;
+        };
+        let stride = [1 + self.rng.below(2), 1 + self.rng.below(2)];
+        let dilation = [1 + self.rng.below(2), 1 + self.rng.below(2)];
+        if self.rng.chance(0.6) {
+            let groups = if c % 2 == 0 && self.rng.chance(0.5) {
+                2
+            } else {
+                1
+            };
+            let c_out = groups * (1 + self.rng.below(3));
+            let (kh, kw) = (1 + self.rng.below(3), 1 + self.rng.below(3));
+            let padding = [
+                self.rng.below(2),
+                self.rng.below(2),
+                self.rng.below(2),
+                self.rng.below(2),
+            ];
+            if let Some(wt) = self.constant(TensorType::new(dtype, vec![c_out, c / groups, kh, kw]))
+            {
+                self.add(
+                    Op::Conv2d(Conv2dAttrs {
+                        layout,
+                        stride,
+                        padding,
+                        dilation,
+                        groups,
+                    }),
+                    vec![x, wt],
+                );
+            }
+        } else {
+            let window = [1 + self.rng.below(3), 1 + self.rng.below(3)];
+            let padding = [
+                self.rng.below(window[0] / 2 + 1),
+                self.rng.below(window[0] / 2 + 1),
+                self.rng.below(window[1] / 2 + 1),
+                self.rng.below(window[1] / 2 + 1),
+            ];
+            let attrs = Pool2dAttrs {
+                kind: self.rng.pick(PoolKind::ALL),
+                layout,
+                window,
+                stride,
+                padding,
+                dilation,
+                count_include_pad: self.rng.chance(0.5),
+            };
+            self.add(Op::Pool2d(attrs), vec![x]);
+        }
+    }
+}
+
+/// A random graph from `seed` (convenience for tests).
+pub fn random_graph(seed: u64, n_ops: usize) -> Graph {
+    let mut rng = Rng::new(seed);
+    let n_inputs = 1 + rng.below(3);
+    GraphGen::new(&mut rng).generate(n_inputs, n_ops)
+}
+
+/// Mutates program text: deletes, duplicates, swaps or inserts characters and tokens, so parsers
+/// and tools meet every kind of malformed input.
+pub fn mutate_text(rng: &mut Rng, text: &str) -> String {
+    let mut chars: Vec<char> = text.chars().collect();
+    let edits = 1 + rng.below(4);
+    const NOISE: &[&str] = &[
+        "%",
+        "#",
+        "\"",
+        "[",
+        "]",
+        "(",
+        ")",
+        ",",
+        "=",
+        ":",
+        "-",
+        "1e999",
+        "nan",
+        "f32[",
+        "\u{0}",
+        "é",
+        "99999999999999999999",
+        "%0#7",
+        "output",
+        "\n",
+    ];
+    for _ in 0..edits {
+        if chars.is_empty() {
+            chars.push('%');
+        }
+        let at = rng.below(chars.len());
+        match rng.below(5) {
+            0 => {
+                let len = 1 + rng.below(8).min(chars.len() - at - 1);
+                chars.drain(at..at + len.min(chars.len() - at));
+            }
+            1 => {
+                let noise = rng.pick(NOISE);
+                for (k, c) in noise.chars().enumerate() {
+                    chars.insert(at + k, c);
+                }
+            }
+            2 => {
+                let other = rng.below(chars.len());
+                chars.swap(at, other);
+            }
+            3 => {
+                let end = (at + 1 + rng.below(12)).min(chars.len());
+                let piece: Vec<char> = chars[at..end].to_vec();
+                let to = rng.below(chars.len());
+                for (k, c) in piece.into_iter().enumerate() {
+                    chars.insert(to + k, c);
+                }
+            }
+            _ => {
+                if chars[at].is_ascii_digit() {
+                    chars[at] = char::from(b'0' + rng.below(10) as u8);
+                } else {
+                    chars[at] = rng.pick(&['a', '9', ' ', '.', '_', '%']);
+                }
+            }
+        }
+    }
+    chars.into_iter().collect()
+}
