@@ -101,6 +101,10 @@ pub fn gelu_tanh_f32(x: f32) -> f32 {
 
 /// GELU, tanh form, f64.
 pub fn gelu_tanh_f64(x: f64) -> f64 {
+    if x.is_infinite() {
+        // The limits; the formula would give -inf * 0 = NaN below.
+        return if x > 0.0 { x } else { -0.0 };
+    }
     let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044_715 * x * x * x);
     x * sigmoid_f64(2.0 * u)
 }
