@@ -1,0 +1,291 @@
+//! The `kfuse` binary end to end: numpy-matching results on .npy data, clear errors with a
+//! non-zero exit for every kind of bad input, and no panic on malformed programs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use kfuse_ir::Array;
+
+fn kfuse(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kfuse"))
+        .args(args)
+        .output()
+        .expect("kfuse runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kfuse-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn programs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs")
+}
+
+/// Compares a kfuse output with numpy's float64 (or exact integer/bool) reference.
+fn assert_close(case: &str, name: &str, got: &Array, want: &Array) {
+    assert_eq!(got.shape(), want.shape(), "{case}/{name}: shape");
+    let exact = !want.dtype().is_float();
+    if exact {
+        assert_eq!(got.dtype(), want.dtype(), "{case}/{name}: dtype");
+    }
+    for i in 0..got.n_elems() {
+        let (g, w) = (got.get_f64(i), want.get_f64(i));
+        let ok = if exact {
+            g == w
+        } else {
+            (g - w).abs() <= 2e-5 * w.abs().max(1.0) || (g.is_nan() && w.is_nan())
+        };
+        assert!(ok, "{case}/{name}[{i}]: kfuse {g}, numpy {w}");
+    }
+}
+
+#[test]
+fn run_matches_numpy_on_every_fixture_program() {
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(programs())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    cases.sort();
+    assert!(cases.len() >= 6);
+    for case in cases {
+        let name = case.file_name().unwrap().to_string_lossy().into_owned();
+        let out_dir = scratch(&name);
+        let mut args = vec![
+            "run".to_string(),
+            case.join("program.kf").display().to_string(),
+        ];
+        for entry in std::fs::read_dir(&case).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "npy") {
+                let input = path.file_stem().unwrap().to_string_lossy().into_owned();
+                args.push("--input".into());
+                args.push(format!("{input}={}", path.display()));
+            }
+        }
+        args.push("--output-dir".into());
+        args.push(out_dir.display().to_string());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = kfuse(&args);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let mut checked = 0;
+        for entry in std::fs::read_dir(case.join("expected")).unwrap() {
+            let path = entry.unwrap().path();
+            let output = path.file_name().unwrap().to_string_lossy().into_owned();
+            let want = kfuse_npy::load_npy(&path).unwrap();
+            let got = kfuse_npy::load_npy(&out_dir.join(&output))
+                .unwrap_or_else(|e| panic!("{name}/{output}: {e}"));
+            assert_close(&name, &output, &got, &want);
+            checked += 1;
+        }
+        assert!(checked > 0, "{name}: no expected outputs");
+        std::fs::remove_dir_all(&out_dir).unwrap();
+    }
+}
+
+#[test]
+fn inputs_can_come_from_an_npz_archive() {
+    let dir = scratch("npz");
+    let case = programs().join("integers");
+    let a = kfuse_npy::load_npy(&case.join("a.npy")).unwrap();
+    let b = kfuse_npy::load_npy(&case.join("b.npy")).unwrap();
+    kfuse_npy::save_npz(&dir.join("in.npz"), &[("a".into(), a), ("b".into(), b)]).unwrap();
+    let o = kfuse(&[
+        "run",
+        case.join("program.kf").to_str().unwrap(),
+        "--inputs-npz",
+        dir.join("in.npz").to_str().unwrap(),
+        "--output-dir",
+        dir.join("out").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let want = kfuse_npy::load_npy(&case.join("expected/q.npy")).unwrap();
+    assert_eq!(kfuse_npy::load_npy(&dir.join("out/q.npy")).unwrap(), want);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn check_prints_the_program_with_types() {
+    let o = kfuse(&["check", programs().join("mlp/program.kf").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("%3 = matmul(%0, %1) : f32[4, 5]"), "{text}");
+    assert!(
+        stderr(&o).starts_with("ok: 11 nodes; inputs [x: f32[4, 8], w: f32[8, 5], b: f32[5]]"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn demo_runs_and_checks_itself() {
+    let dir = scratch("demo");
+    let o = kfuse(&["demo", "--output-dir", dir.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("argmax agrees with probs: true"), "{text}");
+    // What the demo wrote runs again through `kfuse run` to the same result.
+    let mut args = vec![
+        "run".to_string(),
+        dir.join("demo.kf").display().to_string(),
+        "--output-dir".into(),
+        dir.join("again").display().to_string(),
+    ];
+    for input in ["x", "gamma", "w1", "b1", "w2"] {
+        args.push("--input".into());
+        args.push(format!(
+            "{input}={}",
+            dir.join(format!("{input}.npy")).display()
+        ));
+    }
+    let o = kfuse(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    for out in ["probs.npy", "class.npy"] {
+        assert_eq!(
+            kfuse_npy::load_npy(&dir.join(out)).unwrap(),
+            kfuse_npy::load_npy(&dir.join("again").join(out)).unwrap()
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Runs kfuse and expects a clean failure whose message contains `needle`.
+fn fails_with(args: &[&str], needle: &str) {
+    let o = kfuse(args);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+    assert!(
+        err.starts_with("error: ") && err.contains(needle),
+        "{args:?}: {err}"
+    );
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+}
+
+#[test]
+fn bad_input_of_every_kind_is_a_clear_error() {
+    let dir = scratch("errors");
+    let mlp = programs().join("mlp");
+    let prog = mlp.join("program.kf");
+    let p = prog.to_str().unwrap();
+    let out = dir.join("out");
+    let o = out.to_str().unwrap();
+    let x = format!("x={}", mlp.join("x.npy").display());
+    let w = format!("w={}", mlp.join("w.npy").display());
+    let b = format!("b={}", mlp.join("b.npy").display());
+    fails_with(
+        &["check", "/nonexistent/prog.kf"],
+        "cannot read /nonexistent/prog.kf: No such file",
+    );
+    fails_with(
+        &["run", p, "--input", &x, "--input", &w, "--output-dir", o],
+        "missing input \"b\" (expected f32[5])",
+    );
+    fails_with(
+        &["run", p, "--input", "x=/nonexistent.npy", "--output-dir", o],
+        "cannot read /nonexistent.npy (input \"x\")",
+    );
+    fails_with(
+        &["run", p, "--input", "x", "--output-dir", o],
+        "expected NAME=FILE.npy",
+    );
+    let wrong = format!("b={}", mlp.join("x.npy").display());
+    fails_with(
+        &[
+            "run",
+            p,
+            "--input",
+            &x,
+            "--input",
+            &w,
+            "--input",
+            &wrong,
+            "--output-dir",
+            o,
+        ],
+        "input \"b\": expected f32[5], found f32[4, 8]",
+    );
+    let extra = format!("bias={}", mlp.join("b.npy").display());
+    fails_with(
+        &[
+            "run",
+            p,
+            "--input",
+            &x,
+            "--input",
+            &w,
+            "--input",
+            &b,
+            "--input",
+            &extra,
+            "--output-dir",
+            o,
+        ],
+        "\"bias\" is not an input of this program",
+    );
+    // Program errors carry file:line:col.
+    let bad = dir.join("bad.kf");
+    std::fs::write(
+        &bad,
+        "%x = input() name=\"x\" : f32[2, 3]\n%y = input() name=\"y\" : f32[4]\n%z = add(%x, %y)\n",
+    )
+    .unwrap();
+    fails_with(&["check", bad.to_str().unwrap()], &format!("{}:3:1: `%z` (add): operand 1: expected a shape that broadcasts with [2, 3], found f32[4]", bad.display()));
+    std::fs::write(&bad, [0xff, 0xfe, b'%']).unwrap();
+    fails_with(&["check", bad.to_str().unwrap()], "not UTF-8 text");
+    // Output names that would escape the output directory are refused before anything runs.
+    let escape = dir.join("escape.kf");
+    std::fs::write(
+        &escape,
+        "%c = constant() value=[1.0] : f32[1]\noutput \"../evil\" = %c\n",
+    )
+    .unwrap();
+    fails_with(
+        &["run", escape.to_str().unwrap(), "--output-dir", o],
+        "cannot be used as a file name",
+    );
+    assert!(!dir.join("evil.npy").exists());
+    // A data-dependent failure names the node.
+    let gather = dir.join("gather.kf");
+    std::fs::write(&gather, "%x = constant() value=[1.0, 2.0] : f32[2]\n%i = constant() value=[2] : i64[1]\n%g = gather(%x, %i) axis=0\noutput \"g\" = %g\n").unwrap();
+    fails_with(
+        &["run", gather.to_str().unwrap(), "--output-dir", o],
+        "node %2 (gather): index 2 is out of range for axis 0 of size 2",
+    );
+    let npy_as_program = mlp.join("x.npy");
+    fails_with(
+        &["check", npy_as_program.to_str().unwrap()],
+        "not UTF-8 text",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn malformed_program_files_never_panic_the_cli() {
+    let dir = scratch("fuzz");
+    let mut rng = kfuse_testkit::Rng::new(2718);
+    let base = std::fs::read_to_string(programs().join("indexing/program.kf")).unwrap();
+    let path = dir.join("p.kf");
+    for round in 0..120 {
+        let text = kfuse_testkit::mutate_text(&mut rng, &base);
+        std::fs::write(&path, &text).unwrap();
+        let o = kfuse(&["check", path.to_str().unwrap()]);
+        assert!(
+            matches!(o.status.code(), Some(0) | Some(1)),
+            "round {round}: exit {:?}\n{text}\n{}",
+            o.status,
+            stderr(&o)
+        );
+        assert!(
+            !stderr(&o).contains("panicked"),
+            "round {round}: {}",
+            stderr(&o)
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
