@@ -5,6 +5,12 @@ use crate::Tensor;
 
 impl Tensor {
     /// `exp(x - max) / sum(exp(x - max))` along `axis`.
+    ///
+    /// ```
+    /// let cx = kfuse::Context::new();
+    /// let p = cx.tensor(&[1.0f32, 1.0, 1.0, 1.0], &[2, 2]).softmax(-1);
+    /// assert_eq!(p.to_vec::<f32>().unwrap(), vec![0.5; 4]);
+    /// ```
     #[track_caller]
     pub fn softmax(&self, axis: isize) -> Tensor {
         let shifted = self - &self.max(&[axis], true);
@@ -47,6 +53,14 @@ impl Tensor {
 
     /// Mean cross-entropy of `[N, C]` logits against `[N]` integer class labels:
     /// `-mean(log_softmax(logits)[i, labels[i]])`.
+    ///
+    /// ```
+    /// let cx = kfuse::Context::new();
+    /// let logits = cx.tensor(&[0.0f32, 0.0, 5.0, -5.0], &[2, 2]);
+    /// let loss = logits.cross_entropy(&cx.tensor(&[1i64, 0], &[2]));
+    /// let want = (std::f32::consts::LN_2 + (1.0 + (-10.0f32).exp()).ln()) / 2.0;
+    /// assert!((loss.to_vec::<f32>().unwrap()[0] - want).abs() < 1e-6);
+    /// ```
     #[track_caller]
     pub fn cross_entropy(&self, labels: &Tensor) -> Tensor {
         let log_probs = self.log_softmax(-1);

@@ -283,6 +283,18 @@ impl Context {
     }
 
     /// Calls the registered function `name` on `inputs`; it must return arrays of `outputs`' types.
+    ///
+    /// ```
+    /// use kfuse::{Array, DType, TensorType};
+    /// let cx = kfuse::Context::new();
+    /// cx.register_custom("count_nan", |args| {
+    ///     let v = args[0].as_slice::<f32>().ok_or("expects f32")?;
+    ///     Ok(vec![Array::scalar(v.iter().filter(|x| x.is_nan()).count() as i64)])
+    /// });
+    /// let x = cx.tensor(&[1.0f32, f32::NAN, f32::NAN], &[3]);
+    /// let n = cx.custom("count_nan", &[&x], &[TensorType::new(DType::I64, [])]).remove(0);
+    /// assert_eq!(n.to_vec::<i64>().unwrap(), vec![2]);
+    /// ```
     #[track_caller]
     pub fn custom(&self, name: &str, inputs: &[&Tensor], outputs: &[TensorType]) -> Vec<Tensor> {
         let op = Op::Custom {
@@ -551,7 +563,14 @@ macro_rules! reduce_methods {
     };
 }
 reduce_methods! {
-    /// Sum over `axes` (negative axes count from the end).
+    /// Sum over `axes` (negative axes count from the end), in kfuse's documented order.
+    ///
+    /// ```
+    /// let cx = kfuse::Context::new();
+    /// let x = cx.arange(6, kfuse::DType::F32).reshape(&[2, 3]);
+    /// assert_eq!(x.sum(&[-1], false).to_vec::<f32>().unwrap(), vec![3.0, 12.0]);
+    /// assert_eq!(x.sum(&[0], true).shape().unwrap(), vec![1, 3]);
+    /// ```
     sum, sum_all => Sum,
     prod, prod_all => Prod,
     /// Maximum over `axes` (NaN propagates).
@@ -617,6 +636,13 @@ impl Tensor {
     }
 
     /// The same elements in a new shape; one dim may be -1 and is then inferred.
+    ///
+    /// ```
+    /// let cx = kfuse::Context::new();
+    /// let x = cx.arange(6, kfuse::DType::I32).reshape(&[-1, 3]).t();
+    /// assert_eq!(x.shape().unwrap(), vec![3, 2]);
+    /// assert_eq!(x.to_vec::<i32>().unwrap(), vec![0, 3, 1, 4, 2, 5]);
+    /// ```
     #[track_caller]
     pub fn reshape(&self, shape: &[isize]) -> Tensor {
         let loc = Location::caller();
@@ -743,6 +769,12 @@ impl Tensor {
 
     /// Elements `start, start + step, ...` below `stop` along `axis`, with Python's rules for
     /// negative and out-of-range bounds.
+    ///
+    /// ```
+    /// let cx = kfuse::Context::new();
+    /// let x = cx.arange(6, kfuse::DType::I64);
+    /// assert_eq!(x.slice(0, -4, 100, 2).to_vec::<i64>().unwrap(), vec![2, 4]);
+    /// ```
     #[track_caller]
     pub fn slice(&self, axis: isize, start: isize, stop: isize, step: usize) -> Tensor {
         let loc = Location::caller();
@@ -817,6 +849,15 @@ impl Tensor {
 
     /// Matrix product with numpy's rules: batch dims broadcast, and a 1-D operand is treated as a
     /// row (left) or column (right) vector whose axis is removed from the result.
+    ///
+    /// ```
+    /// let cx = kfuse::Context::new();
+    /// let a = cx.tensor(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
+    /// let v = cx.tensor(&[1.0f32, -1.0], &[2]);
+    /// assert_eq!(a.matmul(&v).to_vec::<f32>().unwrap(), vec![-1.0, -1.0]);
+    /// let batch = cx.ones(kfuse::DType::F32, &[5, 3, 2]);
+    /// assert_eq!(batch.matmul(&a).shape().unwrap(), vec![5, 3, 2]);
+    /// ```
     #[track_caller]
     pub fn matmul(&self, other: &Tensor) -> Tensor {
         let loc = Location::caller();
@@ -877,7 +918,15 @@ impl Tensor {
         self.pool2d(square_pool(PoolKind::Avg, window, stride, padding))
     }
 
-    /// `out[p] = self[p with p[axis] = index[p]]` (numpy `take_along_axis`).
+    /// `out[p] = self[p with p[axis] = index[p]]` (numpy `take_along_axis`). Negative indices
+    /// count from the end; an index out of range fails the run with the node named.
+    ///
+    /// ```
+    /// let cx = kfuse::Context::new();
+    /// let x = cx.tensor(&[10.0f32, 20.0, 30.0], &[3]);
+    /// let i = cx.tensor(&[2i64, -3], &[2]);
+    /// assert_eq!(x.gather(0, &i).to_vec::<f32>().unwrap(), vec![30.0, 10.0]);
+    /// ```
     #[track_caller]
     pub fn gather(&self, axis: isize, index: &Tensor) -> Tensor {
         let loc = Location::caller();
@@ -895,7 +944,13 @@ impl Tensor {
         })
     }
 
-    /// Stable sort along `axis`: `(values, indices)`.
+    /// Stable sort along `axis`: `(values, indices)`. NaN sorts above every number.
+    ///
+    /// ```
+    /// let cx = kfuse::Context::new();
+    /// let (values, order) = cx.tensor(&[2.0f32, f32::NAN, -1.0], &[3]).sort(0, false);
+    /// assert_eq!(order.to_vec::<i64>().unwrap(), vec![2, 0, 1]);
+    /// ```
     #[track_caller]
     pub fn sort(&self, axis: isize, descending: bool) -> (Tensor, Tensor) {
         let loc = Location::caller();
@@ -921,6 +976,12 @@ impl Tensor {
     }
 
     /// The `k` largest (or smallest) along `axis`, in order: `(values, indices)`.
+    ///
+    /// ```
+    /// let cx = kfuse::Context::new();
+    /// let (v, i) = cx.tensor(&[1, 9, 4, 9], &[4]).topk(2, -1, true);
+    /// assert_eq!((v.to_vec::<i32>().unwrap(), i.to_vec::<i64>().unwrap()), (vec![9, 9], vec![1, 3]));
+    /// ```
     #[track_caller]
     pub fn topk(&self, k: usize, axis: isize, largest: bool) -> (Tensor, Tensor) {
         let loc = Location::caller();
@@ -963,6 +1024,13 @@ fn square_pool(kind: PoolKind, window: usize, stride: usize, padding: usize) -> 
 }
 
 /// `a` where `cond` holds, else `b` (numpy `where`), with broadcasting.
+///
+/// ```
+/// let cx = kfuse::Context::new();
+/// let x = cx.tensor(&[-1.0f32, 2.0], &[2]);
+/// let y = kfuse::where_(&x.lt(&cx.scalar(0.0f32)), &cx.scalar(0.0f32), &x);
+/// assert_eq!(y.to_vec::<f32>().unwrap(), vec![0.0, 2.0]);
+/// ```
 #[track_caller]
 pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
     cond.op(Location::caller(), Op::Select, &[a, b])
