@@ -581,32 +581,24 @@ reduce_methods! {
 }
 
 impl Tensor {
-    /// Index of the first maximum along `axis` (i64).
+    /// Index of the first maximum along `axis` (i64); NaN counts as the maximum.
     #[track_caller]
     pub fn argmax(&self, axis: isize, keepdims: bool) -> Tensor {
-        let loc = Location::caller();
-        self.with_axis(loc, axis, |a| {
-            self.op(
-                loc,
-                Op::Reduce {
-                    op: ReduceOp::ArgMax,
-                    axes: vec![a],
-                    keepdims,
-                },
-                &[],
-            )
-        })
+        self.arg_reduce(Location::caller(), ReduceOp::ArgMax, axis, keepdims)
     }
 
     /// Index of the first minimum along `axis` (i64).
     #[track_caller]
     pub fn argmin(&self, axis: isize, keepdims: bool) -> Tensor {
-        let loc = Location::caller();
+        self.arg_reduce(Location::caller(), ReduceOp::ArgMin, axis, keepdims)
+    }
+
+    fn arg_reduce(&self, loc: &Location, op: ReduceOp, axis: isize, keepdims: bool) -> Tensor {
         self.with_axis(loc, axis, |a| {
             self.op(
                 loc,
                 Op::Reduce {
-                    op: ReduceOp::ArgMin,
+                    op,
                     axes: vec![a],
                     keepdims,
                 },
