@@ -27,27 +27,34 @@ fn for_each_index(shape: &Shape, mut f: impl FnMut(&[usize])) {
 }
 
 /// Builds an array of shape `out` whose element at each multi-index is `x[source(index)]`, or
-/// `fill` (converted to the dtype) where `source` gives `None`.
+/// `fill` (converted to the dtype) where `source` gives `None`. Indices are visited in row-major
+/// order.
 pub fn take(
     x: &Array,
     out: &Shape,
     fill: f64,
     mut source: impl FnMut(&[usize]) -> Option<usize>,
 ) -> Array {
-    let mut sources = Vec::with_capacity(out.n_elems());
-    for_each_index(out, |idx| sources.push(source(idx)));
-    fn pick<T: Copy>(v: &[T], sources: &[Option<usize>], fill: T) -> Vec<T> {
-        sources.iter().map(|s| s.map_or(fill, |i| v[i])).collect()
+    fn pick<T: Copy>(
+        v: &[T],
+        out: &Shape,
+        fill: T,
+        source: &mut dyn FnMut(&[usize]) -> Option<usize>,
+    ) -> Vec<T> {
+        let mut result = Vec::with_capacity(out.n_elems());
+        for_each_index(out, |idx| result.push(source(idx).map_or(fill, |i| v[i])));
+        result
     }
+    let s = &mut source;
     let data = match x.storage() {
-        Storage::F32(v) => Storage::F32(pick(v, &sources, fill as f32)),
-        Storage::F64(v) => Storage::F64(pick(v, &sources, fill)),
-        Storage::F16(v) => Storage::F16(pick(v, &sources, f16::from_f64(fill))),
-        Storage::BF16(v) => Storage::BF16(pick(v, &sources, bf16::from_f64(fill))),
-        Storage::I32(v) => Storage::I32(pick(v, &sources, fill as i32)),
-        Storage::I64(v) => Storage::I64(pick(v, &sources, fill as i64)),
-        Storage::U8(v) => Storage::U8(pick(v, &sources, fill as u8)),
-        Storage::Bool(v) => Storage::Bool(pick(v, &sources, fill != 0.0)),
+        Storage::F32(v) => Storage::F32(pick(v, out, fill as f32, s)),
+        Storage::F64(v) => Storage::F64(pick(v, out, fill, s)),
+        Storage::F16(v) => Storage::F16(pick(v, out, f16::from_f64(fill), s)),
+        Storage::BF16(v) => Storage::BF16(pick(v, out, bf16::from_f64(fill), s)),
+        Storage::I32(v) => Storage::I32(pick(v, out, fill as i32, s)),
+        Storage::I64(v) => Storage::I64(pick(v, out, fill as i64, s)),
+        Storage::U8(v) => Storage::U8(pick(v, out, fill as u8, s)),
+        Storage::Bool(v) => Storage::Bool(pick(v, out, fill != 0.0, s)),
     };
     Array::new(out.clone(), data).expect("one source per output element")
 }

@@ -71,3 +71,13 @@ fn random_bytes_never_panic_the_parser() {
         let _ = parse_graph(&text);
     }
 }
+
+#[test]
+fn deeply_nested_lists_are_an_error_not_a_stack_overflow() {
+    let text = format!(
+        "%x = input() name=\"x\" : f32[2]\n%y = reshape(%x) shape={}\n",
+        "[".repeat(200_000)
+    );
+    let err = parse_graph(&text).unwrap_err();
+    assert!(err.message.contains("nest deeper than 8 levels"), "{err}");
+}

@@ -30,6 +30,9 @@ impl fmt::Display for ParseError {
 
 impl std::error::Error for ParseError {}
 
+/// The deepest nesting of attribute lists the parser accepts.
+const MAX_LIST_DEPTH: usize = 8;
+
 /// Constants written in text are limited to this many bytes once expanded.
 const MAX_CONSTANT_BYTES: usize = 1 << 30;
 
@@ -217,7 +220,7 @@ impl Parser {
             }
             self.next();
             self.punct('=')?;
-            attrs.push((key, self.attr_value()?));
+            attrs.push((key, self.attr_value(0)?));
         }
         let mut types = Vec::new();
         let annotation_pos = self.pos();
@@ -293,7 +296,15 @@ impl Parser {
         Ok(())
     }
 
-    fn attr_value(&mut self) -> PResult<Attr> {
+    fn attr_value(&mut self, depth: usize) -> PResult<Attr> {
+        // Lists nest for no op deeper than one level; the cap keeps hostile input from
+        // exhausting the stack.
+        if depth > MAX_LIST_DEPTH {
+            return self.err_at(
+                self.pos(),
+                format!("attribute lists nest deeper than {MAX_LIST_DEPTH} levels"),
+            );
+        }
         match self.next() {
             (Tok::Num(s), _) => Ok(Attr::Num(s)),
             (Tok::Ident(s), _) => Ok(Attr::Ident(s)),
@@ -304,7 +315,7 @@ impl Parser {
                     return Ok(Attr::List(items));
                 }
                 loop {
-                    items.push(self.attr_value()?);
+                    items.push(self.attr_value(depth + 1)?);
                     if self.eat(']') {
                         return Ok(Attr::List(items));
                     }
