@@ -29,7 +29,7 @@ pub fn functions() -> Vec<Accuracy> {
             name: "expm1",
             f32: expm1_f32,
             reference: f64::exp_m1,
-            bound_ulp: 1.5,
+            bound_ulp: 2.0,
         },
         Accuracy {
             name: "log",
@@ -41,7 +41,7 @@ pub fn functions() -> Vec<Accuracy> {
             name: "log2",
             f32: log2_f32,
             reference: f64::log2,
-            bound_ulp: 1.5,
+            bound_ulp: 2.0,
         },
         Accuracy {
             name: "log1p",

@@ -1,0 +1,11 @@
+//! The kfuse fusion partitioner.
+//!
+//! [`partition`] cuts a graph into kernels: which values are stored to memory (each with the
+//! reason) and which nodes each kernel recomputes from registers. Profitability questions go to
+//! a [`CostModel`] passed in.
+
+pub mod cost;
+mod partition;
+
+pub use cost::{CostModel, FixedCostModel};
+pub use partition::{partition, print_partition, FusePolicy, FusionDecision, Kernel, KernelKind, Partition};
