@@ -53,7 +53,11 @@ pub struct FixedCostModel {
 
 impl Default for FixedCostModel {
     fn default() -> Self {
-        FixedCostModel { bytes_per_second: 20e9, seconds_per_weight: 0.1e-9, kernel_seconds: 5e-6 }
+        FixedCostModel {
+            bytes_per_second: 20e9,
+            seconds_per_weight: 0.1e-9,
+            kernel_seconds: 5e-6,
+        }
     }
 }
 

@@ -8,4 +8,6 @@ pub mod cost;
 mod partition;
 
 pub use cost::{CostModel, FixedCostModel};
-pub use partition::{partition, print_partition, FusePolicy, FusionDecision, Kernel, KernelKind, Partition};
+pub use partition::{
+    partition, print_partition, FusePolicy, FusionDecision, Kernel, KernelKind, Partition,
+};

@@ -39,7 +39,9 @@ impl FusePolicy {
     }
 
     pub fn from_name(name: &str) -> Option<FusePolicy> {
-        [FusePolicy::None, FusePolicy::Greedy, FusePolicy::Cost].into_iter().find(|p| p.name() == name)
+        [FusePolicy::None, FusePolicy::Greedy, FusePolicy::Cost]
+            .into_iter()
+            .find(|p| p.name() == name)
     }
 }
 
@@ -142,7 +144,11 @@ pub fn partition(graph: &Graph, policy: FusePolicy, cost: &dyn CostModel) -> Par
                 stored.insert(id, format!("{} runs as a library kernel", node.op.name()));
                 for v in &node.operands {
                     stored.entry(v.node).or_insert_with(|| {
-                        format!("read by %{} ({}), a library kernel that reads buffers", id.0, node.op.name())
+                        format!(
+                            "read by %{} ({}), a library kernel that reads buffers",
+                            id.0,
+                            node.op.name()
+                        )
                     });
                 }
             }
@@ -153,7 +159,9 @@ pub fn partition(graph: &Graph, policy: FusePolicy, cost: &dyn CostModel) -> Par
         }
     }
     for out in graph.outputs() {
-        stored.entry(out.value.node).or_insert_with(|| "graph output".into());
+        stored
+            .entry(out.value.node)
+            .or_insert_with(|| "graph output".into());
     }
     let mut notes = Vec::new();
     loop {
@@ -171,12 +179,21 @@ pub fn partition(graph: &Graph, policy: FusePolicy, cost: &dyn CostModel) -> Par
             }
         }
         let kernels = order(graph, kernels);
-        return Partition { policy, kernels, stored, notes };
+        return Partition {
+            policy,
+            kernels,
+            stored,
+            notes,
+        };
     }
 }
 
 /// The inline cone of `root`: the nodes a kernel writing `root` computes.
-fn cone(graph: &Graph, root: NodeId, stored: &BTreeMap<NodeId, String>) -> (BTreeSet<NodeId>, BTreeSet<NodeId>) {
+fn cone(
+    graph: &Graph,
+    root: NodeId,
+    stored: &BTreeMap<NodeId, String>,
+) -> (BTreeSet<NodeId>, BTreeSet<NodeId>) {
     let mut nodes = BTreeSet::new();
     let mut inputs = BTreeSet::new();
     let mut stack = vec![root];
@@ -220,7 +237,10 @@ fn out_shape(graph: &Graph, id: NodeId) -> Shape {
 
 /// One fused kernel per stored fusible node, and one library kernel per library node; then
 /// merges. An `Err` names a reduction that cannot stay inline and why.
-fn form_kernels(graph: &Graph, stored: &BTreeMap<NodeId, String>) -> Result<Vec<Kernel>, (NodeId, String)> {
+fn form_kernels(
+    graph: &Graph,
+    stored: &BTreeMap<NodeId, String>,
+) -> Result<Vec<Kernel>, (NodeId, String)> {
     let mut kernels = Vec::new();
     for id in graph.node_ids() {
         match class(graph, id) {
@@ -228,12 +248,24 @@ fn form_kernels(graph: &Graph, stored: &BTreeMap<NodeId, String>) -> Result<Vec<
                 kind: KernelKind::Library,
                 nodes: vec![id],
                 outputs: vec![id],
-                inputs: graph.node(id).operands.iter().map(|v| v.node).collect::<BTreeSet<_>>().into_iter().collect(),
+                inputs: graph
+                    .node(id)
+                    .operands
+                    .iter()
+                    .map(|v| v.node)
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect(),
             }),
             Class::Fusible | Class::Scalar if stored.contains_key(&id) => {
                 let (nodes, inputs) = cone(graph, id, stored);
                 let kind = domain_of(graph, id, &nodes)?;
-                kernels.push(Kernel { kind, nodes: nodes.into_iter().collect(), outputs: vec![id], inputs: inputs.into_iter().collect() });
+                kernels.push(Kernel {
+                    kind,
+                    nodes: nodes.into_iter().collect(),
+                    outputs: vec![id],
+                    inputs: inputs.into_iter().collect(),
+                });
             }
             _ => {}
         }
@@ -243,14 +275,26 @@ fn form_kernels(graph: &Graph, stored: &BTreeMap<NodeId, String>) -> Result<Vec<
 
 /// The domain of the kernel rooted at `root` with inline `nodes`, checking that every inline
 /// reduction can be computed once per row.
-fn domain_of(graph: &Graph, root: NodeId, nodes: &BTreeSet<NodeId>) -> Result<KernelKind, (NodeId, String)> {
-    let inline_reductions: Vec<NodeId> = nodes.iter().rev().copied().filter(|&n| n != root && is_reduce(graph, n)).collect();
+fn domain_of(
+    graph: &Graph,
+    root: NodeId,
+    nodes: &BTreeSet<NodeId>,
+) -> Result<KernelKind, (NodeId, String)> {
+    let inline_reductions: Vec<NodeId> = nodes
+        .iter()
+        .rev()
+        .copied()
+        .filter(|&n| n != root && is_reduce(graph, n))
+        .collect();
     let (domain, reduce) = if is_reduce(graph, root) {
         (reduce_input(graph, root), reduce_axes(graph, root))
     } else if let Some(&first) = inline_reductions.first() {
         (reduce_input(graph, first), reduce_axes(graph, first))
     } else {
-        return Ok(KernelKind::Fused { domain: out_shape(graph, root), reduce: vec![] });
+        return Ok(KernelKind::Fused {
+            domain: out_shape(graph, root),
+            reduce: vec![],
+        });
     };
     for &r in &inline_reductions {
         if reduce_input(graph, r) != domain || reduce_axes(graph, r) != reduce {
@@ -303,8 +347,34 @@ enum Coord {
     Other,
 }
 
+impl std::fmt::Display for Coord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Coord::Zero => f.write_str("0"),
+            Coord::Dom(k) => write!(f, "i{k}"),
+            Coord::Other => f.write_str("?"),
+        }
+    }
+}
+
+fn coords_text(coords: &[Coord]) -> String {
+    format!(
+        "[{}]",
+        coords
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
 fn identity(shape: &Shape) -> Vec<Coord> {
-    shape.dims().iter().enumerate().map(|(k, &d)| if d == 1 { Coord::Zero } else { Coord::Dom(k) }).collect()
+    shape
+        .dims()
+        .iter()
+        .enumerate()
+        .map(|(k, &d)| if d == 1 { Coord::Zero } else { Coord::Dom(k) })
+        .collect()
 }
 
 /// Coordinates of a reduction's result when it is evaluated at the current row.
@@ -337,13 +407,22 @@ fn check_rows(
     let mut seen: BTreeMap<NodeId, BTreeSet<Vec<Coord>>> = BTreeMap::new();
     seen.entry(root).or_default().insert(root_coords);
     for &id in nodes.iter().rev() {
-        let Some(views) = seen.get(&id).cloned() else { continue };
+        let Some(views) = seen.get(&id).cloned() else {
+            continue;
+        };
         let node = graph.node(id);
         for coords in views {
             if is_reduce(graph, id) {
                 let want = row_coords(graph, id, domain, reduce);
                 if coords != want {
-                    return Err((id, format!("reduction is read at a position other than its own row (coordinates {coords:?}, need {want:?}), so it cannot stay inline in a row kernel")));
+                    return Err((
+                        id,
+                        format!(
+                            "read at {} instead of its own row {} (domain indices i0, i1, ...), so a row kernel cannot keep it inline",
+                            coords_text(&coords),
+                            coords_text(&want)
+                        ),
+                    ));
                 }
             }
             for v in &node.operands {
@@ -365,15 +444,38 @@ fn check_rows(
 }
 
 /// Coordinates of operand `i` of `id` given the node's own coordinates.
-fn operand_coords(graph: &Graph, id: NodeId, coords: &[Coord], op_shape: &Shape, domain: &Shape) -> Vec<Coord> {
+fn operand_coords(
+    graph: &Graph,
+    id: NodeId,
+    coords: &[Coord],
+    op_shape: &Shape,
+    domain: &Shape,
+) -> Vec<Coord> {
     let node = graph.node(id);
     let out = &node.types[0].shape;
     let aligned = || -> Vec<Coord> {
         let skip = out.rank().saturating_sub(op_shape.rank());
-        op_shape.dims().iter().enumerate().map(|(a, &d)| if d == 1 { Coord::Zero } else { coords[a + skip] }).collect()
+        op_shape
+            .dims()
+            .iter()
+            .enumerate()
+            .map(|(a, &d)| {
+                if d == 1 {
+                    Coord::Zero
+                } else {
+                    coords[a + skip]
+                }
+            })
+            .collect()
     };
     match &node.op {
-        Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Clamp | Op::Cast { .. } | Op::Broadcast { .. } => aligned(),
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Clamp
+        | Op::Cast { .. }
+        | Op::Broadcast { .. } => aligned(),
         Op::Permute { perm } => {
             let mut c = vec![Coord::Zero; perm.len()];
             for (k, &p) in perm.iter().enumerate() {
@@ -382,21 +484,69 @@ fn operand_coords(graph: &Graph, id: NodeId, coords: &[Coord], op_shape: &Shape,
             c
         }
         Op::Reshape { .. } => {
-            let non1_in: Vec<usize> = op_shape.dims().iter().copied().filter(|&d| d != 1).collect();
+            let non1_in: Vec<usize> = op_shape
+                .dims()
+                .iter()
+                .copied()
+                .filter(|&d| d != 1)
+                .collect();
             let non1_out: Vec<usize> = out.dims().iter().copied().filter(|&d| d != 1).collect();
             if non1_in == non1_out {
-                let mut from = out.dims().iter().zip(coords).filter(|(d, _)| **d != 1).map(|(_, c)| *c);
-                op_shape.dims().iter().map(|&d| if d == 1 { Coord::Zero } else { from.next().unwrap_or(Coord::Other) }).collect()
+                let mut from = out
+                    .dims()
+                    .iter()
+                    .zip(coords)
+                    .filter(|(d, _)| **d != 1)
+                    .map(|(_, c)| *c);
+                op_shape
+                    .dims()
+                    .iter()
+                    .map(|&d| {
+                        if d == 1 {
+                            Coord::Zero
+                        } else {
+                            from.next().unwrap_or(Coord::Other)
+                        }
+                    })
+                    .collect()
             } else {
-                op_shape.dims().iter().map(|&d| if d == 1 { Coord::Zero } else { Coord::Other }).collect()
+                op_shape
+                    .dims()
+                    .iter()
+                    .map(|&d| if d == 1 { Coord::Zero } else { Coord::Other })
+                    .collect()
             }
         }
         Op::Slice { start, step, .. } => (0..op_shape.rank())
-            .map(|k| if start[k] == 0 && step[k] == 1 && op_shape.dims()[k] == out.dims()[k] { coords[k] } else { Coord::Other })
+            .map(|k| {
+                if start[k] == 0 && step[k] == 1 && op_shape.dims()[k] == out.dims()[k] {
+                    coords[k]
+                } else {
+                    Coord::Other
+                }
+            })
             .collect(),
-        Op::Pad { low, high, .. } => (0..op_shape.rank()).map(|k| if low[k] == 0 && high[k] == 0 { coords[k] } else { Coord::Other }).collect(),
-        Op::Flip { axes } => (0..op_shape.rank()).map(|k| if axes.contains(&k) && op_shape.dims()[k] > 1 { Coord::Other } else { coords[k] }).collect(),
-        Op::Concat { axis } => (0..op_shape.rank()).map(|k| if k == *axis { Coord::Other } else { coords[k] }).collect(),
+        Op::Pad { low, high, .. } => (0..op_shape.rank())
+            .map(|k| {
+                if low[k] == 0 && high[k] == 0 {
+                    coords[k]
+                } else {
+                    Coord::Other
+                }
+            })
+            .collect(),
+        Op::Flip { axes } => (0..op_shape.rank())
+            .map(|k| {
+                if axes.contains(&k) && op_shape.dims()[k] > 1 {
+                    Coord::Other
+                } else {
+                    coords[k]
+                }
+            })
+            .collect(),
+        Op::Concat { axis } => (0..op_shape.rank())
+            .map(|k| if k == *axis { Coord::Other } else { coords[k] })
+            .collect(),
         Op::Reduce { axes, keepdims, .. } => {
             // A reduction's operand is evaluated over the whole row: at the domain's identity
             // when the reduction is placed correctly (checked by the caller).
@@ -409,7 +559,11 @@ fn operand_coords(graph: &Graph, id: NodeId, coords: &[Coord], op_shape: &Shape,
 
 /// Whether kernel `a` (transitively) reads what kernel `b` writes.
 fn depends(kernels: &[Kernel], a: usize, b: usize) -> bool {
-    let writer: BTreeMap<NodeId, usize> = kernels.iter().enumerate().flat_map(|(k, kern)| kern.outputs.iter().map(move |&o| (o, k))).collect();
+    let writer: BTreeMap<NodeId, usize> = kernels
+        .iter()
+        .enumerate()
+        .flat_map(|(k, kern)| kern.outputs.iter().map(move |&o| (o, k)))
+        .collect();
     let mut stack = vec![a];
     let mut seen = BTreeSet::new();
     while let Some(k) = stack.pop() {
@@ -436,11 +590,30 @@ fn merge(graph: &Graph, mut kernels: Vec<Kernel>) -> Vec<Kernel> {
         let mut merged = false;
         'search: for a in 0..kernels.len() {
             for b in a + 1..kernels.len() {
-                let (KernelKind::Fused { domain: da, reduce: ra }, KernelKind::Fused { domain: db, reduce: rb }) = (kernels[a].kind.clone(), kernels[b].kind.clone()) else { continue };
+                let (
+                    KernelKind::Fused {
+                        domain: da,
+                        reduce: ra,
+                    },
+                    KernelKind::Fused {
+                        domain: db,
+                        reduce: rb,
+                    },
+                ) = (kernels[a].kind.clone(), kernels[b].kind.clone())
+                else {
+                    continue;
+                };
                 if da != db || (!ra.is_empty() && !rb.is_empty() && ra != rb) {
                     continue;
                 }
-                let shares = kernels[a].nodes.iter().any(|n| kernels[b].nodes.contains(n)) || kernels[a].inputs.iter().any(|n| kernels[b].inputs.contains(n));
+                let shares = kernels[a]
+                    .nodes
+                    .iter()
+                    .any(|n| kernels[b].nodes.contains(n))
+                    || kernels[a]
+                        .inputs
+                        .iter()
+                        .any(|n| kernels[b].inputs.contains(n));
                 if !shares || depends(&kernels, a, b) || depends(&kernels, b, a) {
                     continue;
                 }
@@ -472,16 +645,35 @@ fn merge(graph: &Graph, mut kernels: Vec<Kernel>) -> Vec<Kernel> {
     }
 }
 
-/// Elements a fused kernel evaluates its element-level nodes over.
-fn domain_elems(kernel: &Kernel) -> f64 {
-    match &kernel.kind {
-        KernelKind::Fused { domain, .. } => domain.n_elems() as f64,
-        KernelKind::Library => 0.0,
+/// How many times kernel `kernel` evaluates inline node `id`: once per element of its own shape
+/// for row-level values (those computed from a reduction), once per domain element otherwise.
+fn evaluations(graph: &Graph, id: NodeId, kernel: &Kernel) -> f64 {
+    let KernelKind::Fused { domain, .. } = &kernel.kind else {
+        return 0.0;
+    };
+    let own = graph.node(id).types[0].shape.n_elems() as f64;
+    let mut stack = vec![id];
+    let mut seen = BTreeSet::new();
+    while let Some(n) = stack.pop() {
+        if !seen.insert(n) || !kernel.nodes.contains(&n) {
+            continue;
+        }
+        if is_reduce(graph, n) {
+            return own;
+        }
+        stack.extend(graph.node(n).operands.iter().map(|v| v.node));
     }
+    domain.n_elems() as f64
 }
 
-/// Seconds to compute `id`'s own inline cone once per element of a domain of `elems` elements.
-fn cone_seconds(graph: &Graph, id: NodeId, kernel: &Kernel, cost: &dyn CostModel, elems: f64) -> f64 {
+/// Seconds to compute `id`'s inline cone in `kernel` for `evals` evaluations.
+fn cone_seconds(
+    graph: &Graph,
+    id: NodeId,
+    kernel: &Kernel,
+    cost: &dyn CostModel,
+    evals: f64,
+) -> f64 {
     let mut total = 0.0;
     let mut stack = vec![id];
     let mut seen = BTreeSet::new();
@@ -490,15 +682,20 @@ fn cone_seconds(graph: &Graph, id: NodeId, kernel: &Kernel, cost: &dyn CostModel
             continue;
         }
         let node = graph.node(n);
-        total += cost.element_seconds(&node.op, node.types[0].dtype) * elems;
+        total += cost.element_seconds(&node.op, node.types[0].dtype) * evals;
         stack.extend(node.operands.iter().map(|v| v.node));
     }
     total
 }
 
-/// Under the cost policy: the most expensive inline node computed in several kernels, if storing
-/// it once is cheaper than recomputing it in each.
-fn costly_duplicate(graph: &Graph, kernels: &[Kernel], cost: &dyn CostModel, notes: &mut Vec<String>) -> Option<(NodeId, String)> {
+/// Under the cost policy: the inline node whose recomputation (in several kernels, or many times
+/// over a broadcast within one) costs most more than storing it once, if any.
+fn costly_duplicate(
+    graph: &Graph,
+    kernels: &[Kernel],
+    cost: &dyn CostModel,
+    notes: &mut Vec<String>,
+) -> Option<(NodeId, String)> {
     let mut homes: BTreeMap<NodeId, Vec<usize>> = BTreeMap::new();
     for (k, kernel) in kernels.iter().enumerate() {
         if matches!(kernel.kind, KernelKind::Fused { .. }) {
@@ -510,17 +707,37 @@ fn costly_duplicate(graph: &Graph, kernels: &[Kernel], cost: &dyn CostModel, not
         }
     }
     let mut worst: Option<(f64, NodeId, String)> = None;
-    for (n, ks) in homes.into_iter().filter(|(_, ks)| ks.len() > 1) {
-        let recompute: f64 = ks.iter().map(|&k| cone_seconds(graph, n, &kernels[k], cost, domain_elems(&kernels[k]))).sum();
+    for (n, ks) in homes {
         let ty = &graph.node(n).types[0];
         let own = ty.shape.n_elems() as f64;
+        let evals: Vec<f64> = ks
+            .iter()
+            .map(|&k| evaluations(graph, n, &kernels[k]))
+            .collect();
+        if ks.len() == 1 && evals[0] <= own {
+            continue; // Computed once per element, in one kernel: nothing is recomputed.
+        }
+        let recompute: f64 = ks
+            .iter()
+            .zip(&evals)
+            .map(|(&k, &e)| cone_seconds(graph, n, &kernels[k], cost, e))
+            .sum();
         let bytes = ty.size_bytes() as f64;
-        let once = cone_seconds(graph, n, &kernels[ks[0]], cost, own) + cost.memory_seconds(bytes * (1.0 + ks.len() as f64)) + cost.kernel_seconds();
+        let once = cone_seconds(graph, n, &kernels[ks[0]], cost, own)
+            + cost.memory_seconds(bytes * (1.0 + ks.len() as f64))
+            + cost.kernel_seconds();
+        let how = if ks.len() > 1 {
+            format!("read by {} kernels", ks.len())
+        } else {
+            format!(
+                "evaluated {:.0} times per element through a broadcast",
+                evals[0] / own.max(1.0)
+            )
+        };
         if once < recompute {
             let saving = recompute - once;
             let reason = format!(
-                "read by {} kernels: recomputing it in each costs {:.1} us, storing it once costs {:.1} us",
-                ks.len(),
+                "{how}: recomputing it costs {:.1} us, storing it once costs {:.1} us",
                 recompute * 1e6,
                 once * 1e6
             );
@@ -529,10 +746,9 @@ fn costly_duplicate(graph: &Graph, kernels: &[Kernel], cost: &dyn CostModel, not
             }
         } else {
             let note = format!(
-                "%{} ({}) is recomputed in {} kernels: {:.1} us, cheaper than storing it ({:.1} us)",
+                "%{} ({}) is recomputed ({how}): {:.1} us, cheaper than storing it ({:.1} us)",
                 n.0,
                 graph.node(n).op.name(),
-                ks.len(),
                 recompute * 1e6,
                 once * 1e6
             );
@@ -550,12 +766,19 @@ fn order(graph: &Graph, kernels: Vec<Kernel>) -> Vec<Kernel> {
     let mut remaining = kernels;
     remaining.sort_by_key(|k| k.outputs[0]);
     let mut done: BTreeSet<NodeId> = BTreeSet::new();
-    let written: BTreeSet<NodeId> = remaining.iter().flat_map(|k| k.outputs.iter().copied()).collect();
+    let written: BTreeSet<NodeId> = remaining
+        .iter()
+        .flat_map(|k| k.outputs.iter().copied())
+        .collect();
     let mut ordered = Vec::new();
     while !remaining.is_empty() {
         let ready = remaining
             .iter()
-            .position(|k| k.inputs.iter().all(|i| done.contains(i) || !written.contains(i)))
+            .position(|k| {
+                k.inputs
+                    .iter()
+                    .all(|i| done.contains(i) || !written.contains(i))
+            })
             .expect("kernels form a DAG");
         let k = remaining.remove(ready);
         done.extend(k.outputs.iter().copied());
@@ -567,7 +790,12 @@ fn order(graph: &Graph, kernels: Vec<Kernel>) -> Vec<Kernel> {
 /// The partition as text: one line per kernel and one per stored value.
 pub fn print_partition(graph: &Graph, p: &Partition) -> String {
     let mut s = String::new();
-    let list = |ids: &[NodeId]| ids.iter().map(|n| format!("%{}", n.0)).collect::<Vec<_>>().join(", ");
+    let list = |ids: &[NodeId]| {
+        ids.iter()
+            .map(|n| format!("%{}", n.0))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     for (k, kernel) in p.kernels.iter().enumerate() {
         match &kernel.kind {
             KernelKind::Fused { domain, reduce } => {
@@ -584,7 +812,18 @@ pub fn print_partition(graph: &Graph, p: &Partition) -> String {
             .filter(|&&n| class(graph, n) != Class::Scalar)
             .map(|&n| format!("{} %{}", graph.node(n).op.name(), n.0))
             .collect();
-        writeln!(s, ": {} | reads {} | writes {}", ops.join(", "), list(&kernel.inputs), list(&kernel.outputs)).unwrap();
+        let reads = if kernel.inputs.is_empty() {
+            "-".to_string()
+        } else {
+            list(&kernel.inputs)
+        };
+        writeln!(
+            s,
+            ": {} | reads {reads} | writes {}",
+            ops.join(", "),
+            list(&kernel.outputs)
+        )
+        .unwrap();
     }
     for (id, why) in &p.stored {
         writeln!(s, "%{} stored: {why}", id.0).unwrap();

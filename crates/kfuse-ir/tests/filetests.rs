@@ -13,7 +13,8 @@ fn check(header: &str, input: &str) -> Result<String, String> {
         "# test: print" => {
             let graph = parse_graph(input).map_err(|e| format!("parse failed: {e}"))?;
             let printed = print_graph(&graph);
-            let again = parse_graph(&printed).map_err(|e| format!("printed text does not parse: {e}"))?;
+            let again =
+                parse_graph(&printed).map_err(|e| format!("printed text does not parse: {e}"))?;
             if again != graph {
                 return Err("printed text parses to a different graph".into());
             }

@@ -590,7 +590,10 @@ pub const EXPECTED_MARKER: &str = "# ==== expected\n";
 /// [`EXPECTED_MARKER`], then the expected output of `check(header, input)`. With `KFUSE_BLESS`
 /// set, expected parts are rewritten instead of compared. Panics listing every failure; returns
 /// the number of files checked.
-pub fn run_filetests(dir: &std::path::Path, check: impl Fn(&str, &str) -> Result<String, String>) -> usize {
+pub fn run_filetests(
+    dir: &std::path::Path,
+    check: impl Fn(&str, &str) -> Result<String, String>,
+) -> usize {
     let bless = std::env::var_os("KFUSE_BLESS").is_some();
     let mut paths: Vec<_> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -601,17 +604,31 @@ pub fn run_filetests(dir: &std::path::Path, check: impl Fn(&str, &str) -> Result
     for path in &paths {
         let content = std::fs::read_to_string(path).expect("test file is text");
         let Some((input, expected)) = content.split_once(EXPECTED_MARKER) else {
-            failures.push(format!("{}: missing the `# ==== expected` line", path.display()));
+            failures.push(format!(
+                "{}: missing the `# ==== expected` line",
+                path.display()
+            ));
             continue;
         };
         let header = input.lines().next().unwrap_or("").trim();
         match check(header, input) {
             Ok(actual) if actual == expected => {}
-            Ok(actual) if bless => std::fs::write(path, format!("{input}{EXPECTED_MARKER}{actual}")).expect("bless writes"),
-            Ok(actual) => failures.push(format!("{}:\nexpected:\n{expected}\nactual:\n{actual}", path.display())),
+            Ok(actual) if bless => {
+                std::fs::write(path, format!("{input}{EXPECTED_MARKER}{actual}"))
+                    .expect("bless writes")
+            }
+            Ok(actual) => failures.push(format!(
+                "{}:\nexpected:\n{expected}\nactual:\n{actual}",
+                path.display()
+            )),
             Err(e) => failures.push(format!("{}: {e}", path.display())),
         }
     }
-    assert!(failures.is_empty(), "{} file test(s) failed:\n{}", failures.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} file test(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
     paths.len()
 }
