@@ -11,13 +11,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("kfuse-math", &[]),
     ("kfuse-interp", &["kfuse-ir", "kfuse-math"]),
     ("kfuse-npy", &["kfuse-ir"]),
+    ("kfuse-fusion", &["kfuse-ir"]),
     ("kfuse", &["kfuse-ir", "kfuse-interp", "kfuse-npy"]),
     ("kfuse-cli", &["kfuse"]),
     ("kfuse-testkit", &["kfuse-ir"]),
 ];
 
 /// Crates that must not touch files, processes, the network, or write `unsafe`.
-const PURE: &[&str] = &["kfuse-ir", "kfuse-math", "kfuse-interp"];
+const PURE: &[&str] = &["kfuse-ir", "kfuse-math", "kfuse-interp", "kfuse-fusion"];
 
 fn crates_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
