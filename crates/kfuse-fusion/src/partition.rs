@@ -99,7 +99,7 @@ enum Class {
 fn class(graph: &Graph, id: NodeId) -> Class {
     match &graph.node(id).op {
         Op::Input { .. } => Class::Input,
-        Op::Constant { value } if value.n_elems() <= 1 => Class::Scalar,
+        Op::Constant { value } if value.n_elems() == 1 => Class::Scalar,
         Op::Constant { .. } => Class::ConstData,
         Op::Unary(_)
         | Op::Binary(_)
@@ -215,8 +215,9 @@ fn cone(
     (nodes, inputs)
 }
 
+/// A reduction over at least one axis. A reduction over no axes is elementwise (`0 + x`, ...).
 fn is_reduce(graph: &Graph, id: NodeId) -> bool {
-    matches!(graph.node(id).op, Op::Reduce { .. })
+    matches!(&graph.node(id).op, Op::Reduce { axes, .. } if !axes.is_empty())
 }
 
 fn reduce_axes(graph: &Graph, id: NodeId) -> Vec<usize> {

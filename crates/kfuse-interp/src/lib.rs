@@ -5,8 +5,8 @@
 //! speed-up is measured against. Numerics follow `kfuse-math` (transcendentals, min/max,
 //! remainder) and the documented orders in [`reduce`] and [`linalg`].
 
-mod elem;
-mod elementwise;
+pub mod elem;
+pub mod elementwise;
 mod indexing;
 pub mod linalg;
 mod movement;
@@ -16,7 +16,7 @@ mod strided;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kfuse_ir::{Array, DType, Graph, NodeId, Op, Shape, Storage, TensorType};
+use kfuse_ir::{Array, DType, Graph, Op, Shape, Storage, TensorType};
 
 /// A user-supplied function behind a `custom` op: operands in, results out.
 pub type CustomFn = dyn Fn(&[Array]) -> Result<Vec<Array>, String> + Send + Sync;
@@ -183,7 +183,10 @@ pub fn run_with_stats(
                     .expect("operands are computed before use")[v.result as usize]
             })
             .collect();
-        let results = eval(graph, id, &operands, &given, custom).map_err(fail)?;
+        let results = match &node.op {
+            Op::Input { name, .. } => vec![(*given[name.as_str()]).clone()],
+            op => eval_op(op, &node.types, &operands, custom).map_err(fail)?,
+        };
         debug_assert_eq!(
             results.iter().map(Array::ty).collect::<Vec<_>>(),
             node.types
@@ -226,18 +229,20 @@ pub fn run_with_stats(
     Ok((outputs, stats))
 }
 
-fn eval(
-    graph: &Graph,
-    id: NodeId,
+/// Evaluates one op on operand arrays; `types` are the op's inferred result types. Graph inputs
+/// are bound by [`run`], so `Op::Input` is an error here.
+pub fn eval_op(
+    op: &Op,
+    types: &[TensorType],
     operands: &[&Array],
-    inputs: &HashMap<&str, &Array>,
     custom: &CustomOps,
 ) -> Result<Vec<Array>, String> {
-    let node = graph.node(id);
-    let out = &node.types[0];
+    let out = &types[0];
     let one = |a: Array| Ok(vec![a]);
-    match &node.op {
-        Op::Input { name, .. } => one((*inputs[name.as_str()]).clone()),
+    match op {
+        Op::Input { name, .. } => Err(format!(
+            "input {name:?} is bound by the caller, not evaluated"
+        )),
         Op::Constant { value } => one(value.clone()),
         Op::Iota { ty, axis } => one(iota(ty, *axis)),
         Op::Rng { ty, dist, seed } => one(rng(ty, *dist, *seed)),

@@ -196,7 +196,7 @@ impl<'a> GraphGen<'a> {
         let x = self.any_value();
         let tx = self.ty(x);
         let rank = tx.shape.rank();
-        let choice = self.rng.below(24);
+        let choice = self.rng.below(26);
         match choice {
             0..=4 => {
                 let u = self.rng.pick(UnaryOp::ALL);
@@ -330,6 +330,7 @@ impl<'a> GraphGen<'a> {
                 }
             }
             20 => self.propose_window_op(),
+            24 | 25 => self.propose_normalization(x, &tx),
             21 => {
                 if rank > 0 {
                     let axis = self.rng.below(rank);
@@ -416,6 +417,63 @@ impl<'a> GraphGen<'a> {
                     _ => {}
                 }
             }
+        }
+    }
+
+    /// Reduce-then-broadcast patterns (softmax, centring, scaling by a norm) over random axes,
+    /// the shapes row-persistent kernels must get right.
+    fn propose_normalization(&mut self, x: Value, tx: &TensorType) {
+        if !tx.dtype.is_float() || tx.shape.rank() == 0 {
+            return;
+        }
+        let rank = tx.shape.rank();
+        let mut axes: Vec<usize> = (0..rank).filter(|_| self.rng.chance(0.4)).collect();
+        if axes.is_empty() {
+            axes.push(rank - 1);
+        }
+        let keepdims = self.rng.chance(0.8);
+        let first = self
+            .rng
+            .pick(&[ReduceOp::Max, ReduceOp::Mean, ReduceOp::Sum]);
+        let Ok(m) = self.graph.add_node(
+            Op::Reduce {
+                op: first,
+                axes: axes.clone(),
+                keepdims,
+            },
+            vec![x],
+        ) else {
+            return;
+        };
+        let Ok(d) = self
+            .graph
+            .add_node(Op::Binary(BinaryOp::Sub), vec![x, Value::of(m)])
+        else {
+            return;
+        };
+        let unary = self.rng.pick(&[UnaryOp::Exp, UnaryOp::Tanh, UnaryOp::Neg]);
+        let Ok(e) = self.graph.add_node(Op::Unary(unary), vec![Value::of(d)]) else {
+            return;
+        };
+        let Ok(s) = self.graph.add_node(
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                axes,
+                keepdims,
+            },
+            vec![Value::of(e)],
+        ) else {
+            return;
+        };
+        let combine = self
+            .rng
+            .pick(&[BinaryOp::Div, BinaryOp::Mul, BinaryOp::Sub]);
+        if let Ok(y) = self
+            .graph
+            .add_node(Op::Binary(combine), vec![Value::of(e), Value::of(s)])
+        {
+            self.values
+                .extend([Value::of(m), Value::of(s), Value::of(y)]);
         }
     }
 

@@ -17,12 +17,12 @@
 //! (`input`, `constant`, `iota`, `rng`, `custom`) and checked against inference elsewhere. The
 //! printer numbers values by node (`%0`, `%1`, ...) and always writes the types.
 
-mod lex;
+pub mod lex;
 mod parse;
 mod print;
 
-pub use parse::{parse_graph, ParseError};
-pub use print::print_graph;
+pub use parse::{parse_f64, parse_graph, ParseError};
+pub use print::{float_text, print_graph, quote};
 
 use crate::{
     Conv2dAttrs, DType, Layout, Op, PadMode, Pool2dAttrs, PoolKind, RngDist, Shape, TensorType,

@@ -389,7 +389,7 @@ impl Parser {
 }
 
 /// Parses a float literal: decimal, `inf`, `-inf`, `nan`.
-pub(crate) fn parse_f64(s: &str) -> Option<f64> {
+pub fn parse_f64(s: &str) -> Option<f64> {
     match s {
         "nan" | "-nan" | "+nan" => Some(f64::NAN),
         "inf" | "+inf" => Some(f64::INFINITY),

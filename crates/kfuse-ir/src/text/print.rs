@@ -45,7 +45,7 @@ fn value_text(v: Value) -> String {
     }
 }
 
-pub(crate) fn quote(s: &str) -> String {
+pub fn quote(s: &str) -> String {
     let mut q = String::with_capacity(s.len() + 2);
     q.push('"');
     for c in s.chars() {
@@ -61,7 +61,7 @@ pub(crate) fn quote(s: &str) -> String {
     q
 }
 
-pub(crate) fn attr_text(attr: &Attr) -> String {
+pub fn attr_text(attr: &Attr) -> String {
     match attr {
         Attr::Num(s) | Attr::Ident(s) => s.clone(),
         Attr::Str(s) => quote(s),
@@ -73,7 +73,7 @@ pub(crate) fn attr_text(attr: &Attr) -> String {
 }
 
 /// The shortest text that parses back to the same float (`nan`, `inf`, `-inf`, `-0.0`, ...).
-pub(crate) fn float_text<F: Into<f64> + std::fmt::Debug + Copy>(x: F) -> String {
+pub fn float_text<F: Into<f64> + std::fmt::Debug + Copy>(x: F) -> String {
     let wide: f64 = x.into();
     if wide.is_nan() {
         "nan".into()

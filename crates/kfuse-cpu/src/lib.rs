@@ -1,0 +1,3 @@
+//! The kfuse CPU backend. Today: the tile interpreter, which runs kernel IR directly.
+
+pub mod tile;

@@ -1,0 +1,10 @@
+//! The kfuse kernel IR and its lowering from fusion partitions.
+
+pub mod ir;
+mod lower;
+mod program;
+pub mod text;
+
+pub use ir::{Access, Arg, IndexOp, Inst, InstId, InstKind, Kernel, Level};
+pub use lower::{lower, LowerError};
+pub use program::{BufId, Buffer, BufferKind, Program, Step};
