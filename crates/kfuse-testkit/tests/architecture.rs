@@ -12,13 +12,31 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("kfuse-interp", &["kfuse-ir", "kfuse-math"]),
     ("kfuse-npy", &["kfuse-ir"]),
     ("kfuse-fusion", &["kfuse-ir"]),
+    ("kfuse-kernel", &["kfuse-ir", "kfuse-fusion"]),
+    ("kfuse-cpu", &["kfuse-ir", "kfuse-interp", "kfuse-kernel"]),
+    (
+        "kfuse-runtime",
+        &[
+            "kfuse-ir",
+            "kfuse-interp",
+            "kfuse-fusion",
+            "kfuse-kernel",
+            "kfuse-cpu",
+        ],
+    ),
     ("kfuse", &["kfuse-ir", "kfuse-interp", "kfuse-npy"]),
     ("kfuse-cli", &["kfuse"]),
     ("kfuse-testkit", &["kfuse-ir"]),
 ];
 
 /// Crates that must not touch files, processes, the network, or write `unsafe`.
-const PURE: &[&str] = &["kfuse-ir", "kfuse-math", "kfuse-interp", "kfuse-fusion"];
+const PURE: &[&str] = &[
+    "kfuse-ir",
+    "kfuse-math",
+    "kfuse-interp",
+    "kfuse-fusion",
+    "kfuse-kernel",
+];
 
 fn crates_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
