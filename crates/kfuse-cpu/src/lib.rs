@@ -1,3 +1,11 @@
-//! The kfuse CPU backend. Today: the tile interpreter, which runs kernel IR directly.
+//! The kfuse CPU backend: kernel IR rendered to C, compiled with the system compiler into a cached
+//! shared object and run over rayon; and the tile interpreter, which runs kernel IR directly where
+//! no compiler exists or a kernel cannot be rendered.
 
+pub mod c;
+mod compile;
 pub mod tile;
+
+pub use compile::{default_cache_dir, CacheOutcome, CompiledKernel, Compiler, KernelFn, Numerics};
+mod launch;
+pub use launch::{launch, storage_ptr, GRAIN};

@@ -10,7 +10,10 @@ fn main() {
         .map_or(1, |s| s.parse().expect("STEP must be an integer"));
     println!("| function | max error (ULP) | at x | bound |");
     println!("|---|---|---|---|");
-    for f in kfuse_math::accuracy::functions() {
+    for f in kfuse_math::accuracy::functions()
+        .into_iter()
+        .filter(|f| only.is_empty() || only.iter().any(|n| n == f.name))
+    {
         let (err, x) = kfuse_math::accuracy::max_ulp_error(&f, step, 0);
         println!("| {} | {err:.3} | {x:e} | {} |", f.name, f.bound_ulp);
     }

@@ -1,0 +1,433 @@
+//! Rendering kernel IR to C.
+//!
+//! A kernel becomes one function `kfuse_kernel(args, o_lo, o_hi, j_lo, j_hi)`: a loop over the
+//! outer range, inside it one pass over the inner space per reduction (unrolled by 16 so that the
+//! 16 partial accumulators of kfuse's summation order map onto vector lanes and vectorize without
+//! reassociation), then a final pass over `[j_lo, j_hi)` for inner-level stores. Elementwise math
+//! calls the functions of `c/kfuse_math.h`, which compute exactly what `kfuse-math` computes.
+
+use std::fmt::Write;
+
+use kfuse_ir::{BinaryOp, CompareOp, DType, ReduceOp, UnaryOp};
+use kfuse_kernel::{Access, IndexOp, InstId, InstKind, Kernel, Level};
+
+/// The C vector-math library every kernel includes.
+pub const MATH_HEADER: &str = include_str!("c/kfuse_math.h");
+
+/// The reason a kernel cannot be rendered to C with bit-exact semantics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsupported(pub String);
+
+fn ctype(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        DType::F64 => "double",
+        DType::F16 => "_Float16",
+        DType::BF16 => "uint16_t",
+        DType::I32 => "int32_t",
+        DType::I64 => "int64_t",
+        DType::U8 | DType::Bool => "uint8_t",
+    }
+}
+
+fn v(id: InstId) -> String {
+    format!("v{}", id.0)
+}
+
+/// `x` (of dtype `d`) as a value C computes with: 16-bit floats widen to float.
+fn wide(x: &str, d: DType) -> String {
+    match d {
+        DType::F16 => format!("((float){x})"),
+        DType::BF16 => format!("kf_bf16_to_f32({x})"),
+        _ => x.to_string(),
+    }
+}
+
+/// A computed float `e` narrowed back to storage dtype `d`.
+fn narrow(e: String, d: DType) -> String {
+    match d {
+        DType::F16 => format!("((_Float16)({e}))"),
+        DType::BF16 => format!("kf_f32_to_bf16({e})"),
+        _ => e,
+    }
+}
+
+fn literal(bits: u64, d: DType) -> String {
+    match d {
+        DType::F32 => format!("kf_f32_from_bits(0x{:08x}u)", bits as u32),
+        DType::F64 => format!("kf_f64_from_bits(0x{bits:016x}ull)"),
+        DType::F16 => format!(
+            "((_Float16)kf_f32_from_bits(0x{:08x}u))",
+            kfuse_ir::f16::from_bits(bits as u16).to_f32().to_bits()
+        ),
+        DType::BF16 => format!("((uint16_t)0x{:04x}u)", bits as u16),
+        DType::I32 => format!("((int32_t){})", bits as u32 as i32),
+        DType::I64 => {
+            let x = bits as i64;
+            if x == i64::MIN {
+                "INT64_MIN".into()
+            } else {
+                format!("((int64_t){x}ll)")
+            }
+        }
+        DType::U8 => format!("((uint8_t){}u)", bits as u8),
+        DType::Bool => format!("((uint8_t){})", (bits != 0) as u8),
+    }
+}
+
+fn unary(u: UnaryOp, x: &str, d: DType) -> Result<String, Unsupported> {
+    let f32_fn = |name: &str| Ok(narrow(format!("{name}({})", wide(x, d)), d));
+    if d.is_float() && d != DType::F64 {
+        return match u {
+            UnaryOp::Neg => f32_fn("-"),
+            UnaryOp::Abs => f32_fn("fabsf"),
+            UnaryOp::Sign => f32_fn("kf_sign"),
+            UnaryOp::Exp => f32_fn("kf_exp"),
+            UnaryOp::Exp2 => f32_fn("kf_exp2"),
+            UnaryOp::Log => f32_fn("kf_log"),
+            UnaryOp::Log2 => f32_fn("kf_log2"),
+            UnaryOp::Log1p => f32_fn("kf_log1p"),
+            UnaryOp::Expm1 => f32_fn("kf_expm1"),
+            UnaryOp::Sqrt => f32_fn("sqrtf"),
+            UnaryOp::Rsqrt => f32_fn("kf_rsqrt"),
+            UnaryOp::Reciprocal => Ok(narrow(format!("1.0f / {}", wide(x, d)), d)),
+            UnaryOp::Sin => f32_fn("kf_sin"),
+            UnaryOp::Cos => f32_fn("kf_cos"),
+            UnaryOp::Tanh => f32_fn("kf_tanh"),
+            UnaryOp::Sigmoid => f32_fn("kf_sigmoid"),
+            UnaryOp::Relu => Ok(narrow(format!("kf_maximum({}, 0.0f)", wide(x, d)), d)),
+            UnaryOp::Gelu => f32_fn("kf_gelu"),
+            UnaryOp::GeluTanh => f32_fn("kf_gelu_tanh"),
+            UnaryOp::Erf => f32_fn("kf_erf"),
+            UnaryOp::Softplus => f32_fn("kf_softplus"),
+            UnaryOp::Floor => f32_fn("floorf"),
+            UnaryOp::Ceil => f32_fn("ceilf"),
+            UnaryOp::Round => f32_fn("rintf"),
+            UnaryOp::Not => Err(Unsupported("not on floats".into())),
+        };
+    }
+    if d == DType::F64 {
+        let f = |name: &str| Ok(format!("{name}({x})"));
+        return match u {
+            UnaryOp::Neg => Ok(format!("-{x}")),
+            UnaryOp::Abs => f("fabs"),
+            UnaryOp::Sign => f("kf_sign_f64"),
+            UnaryOp::Exp => f("exp"),
+            UnaryOp::Exp2 => f("exp2"),
+            UnaryOp::Log => f("log"),
+            UnaryOp::Log2 => f("log2"),
+            UnaryOp::Log1p => f("log1p"),
+            UnaryOp::Expm1 => f("expm1"),
+            UnaryOp::Sqrt => f("sqrt"),
+            UnaryOp::Rsqrt => Ok(format!("1.0 / sqrt({x})")),
+            UnaryOp::Reciprocal => Ok(format!("1.0 / {x}")),
+            UnaryOp::Sin => f("sin"),
+            UnaryOp::Cos => f("cos"),
+            UnaryOp::Tanh => f("tanh"),
+            UnaryOp::Sigmoid => f("kf_sigmoid_f64"),
+            UnaryOp::Relu => Ok(format!("kf_maximum_f64({x}, 0.0)")),
+            UnaryOp::GeluTanh => f("kf_gelu_tanh_f64"),
+            UnaryOp::Softplus => f("kf_softplus_f64"),
+            UnaryOp::Floor => f("floor"),
+            UnaryOp::Ceil => f("ceil"),
+            UnaryOp::Round => f("rint"),
+            UnaryOp::Erf | UnaryOp::Gelu => Err(Unsupported(format!(
+                "f64 {} uses the libm crate's erf, which C does not have",
+                u.name()
+            ))),
+            UnaryOp::Not => Err(Unsupported("not on floats".into())),
+        };
+    }
+    let t = ctype(d);
+    Ok(match (u, d) {
+        (UnaryOp::Not, DType::Bool) => format!("(uint8_t)!{x}"),
+        (UnaryOp::Neg, _) => format!("({t})(0 - {x})"),
+        (UnaryOp::Abs, DType::U8) | (UnaryOp::Relu, DType::U8) => x.to_string(),
+        (UnaryOp::Abs, _) => format!("({t})({x} < 0 ? 0 - {x} : {x})"),
+        (UnaryOp::Sign, _) => format!("({t})(({x} > 0) - ({x} < 0))"),
+        (UnaryOp::Relu, _) => format!("({t})({x} > 0 ? {x} : 0)"),
+        (other, _) => return Err(Unsupported(format!("{} on {d}", other.name()))),
+    })
+}
+
+fn binary(b: BinaryOp, x: &str, y: &str, d: DType) -> Result<String, Unsupported> {
+    if d.is_float() {
+        let (xw, yw) = (wide(x, d), wide(y, d));
+        let f64_ = d == DType::F64;
+        let e = match b {
+            BinaryOp::Add => format!("{xw} + {yw}"),
+            BinaryOp::Sub => format!("{xw} - {yw}"),
+            BinaryOp::Mul => format!("{xw} * {yw}"),
+            BinaryOp::Div => format!("{xw} / {yw}"),
+            BinaryOp::Rem => format!("{}({xw}, {yw})", if f64_ { "kf_rem_f64" } else { "kf_rem" }),
+            BinaryOp::Pow => {
+                if f64_ {
+                    format!("pow({xw}, {yw})")
+                } else {
+                    format!("(float)pow((double){xw}, (double){yw})")
+                }
+            }
+            BinaryOp::Max => format!(
+                "{}({xw}, {yw})",
+                if f64_ { "kf_maximum_f64" } else { "kf_maximum" }
+            ),
+            BinaryOp::Min => format!(
+                "{}({xw}, {yw})",
+                if f64_ { "kf_minimum_f64" } else { "kf_minimum" }
+            ),
+            _ => return Err(Unsupported(format!("{} on floats", b.name()))),
+        };
+        return Ok(narrow(e, d));
+    }
+    let t = ctype(d);
+    Ok(match b {
+        BinaryOp::Add => format!("({t})({x} + {y})"),
+        BinaryOp::Sub => format!("({t})({x} - {y})"),
+        BinaryOp::Mul => format!("({t})((int64_t){x} * (int64_t){y})"),
+        BinaryOp::Div => format!("({t})kf_floor_div((int64_t){x}, (int64_t){y})"),
+        BinaryOp::Rem => format!("({t})kf_rem_i64((int64_t){x}, (int64_t){y})"),
+        BinaryOp::Pow => format!("({t})kf_int_pow((int64_t){x}, (int64_t){y})"),
+        BinaryOp::Max => format!("({x} > {y} ? {x} : {y})"),
+        BinaryOp::Min => format!("({x} < {y} ? {x} : {y})"),
+        BinaryOp::And => format!("({t})({x} & {y})"),
+        BinaryOp::Or => format!("({t})({x} | {y})"),
+        BinaryOp::Xor => format!("({t})({x} ^ {y})"),
+    })
+}
+
+fn compare(c: CompareOp, x: &str, y: &str, d: DType) -> String {
+    let (x, y) = (wide(x, d), wide(y, d));
+    let op = match c {
+        CompareOp::Eq => "==",
+        CompareOp::Ne => "!=",
+        CompareOp::Lt => "<",
+        CompareOp::Le => "<=",
+        CompareOp::Gt => ">",
+        CompareOp::Ge => ">=",
+    };
+    format!("(uint8_t)({x} {op} {y})")
+}
+
+/// Conversion with the reference interpreter's semantics.
+fn cast(x: &str, from: DType, to: DType) -> Result<String, Unsupported> {
+    if from == to {
+        return Ok(x.to_string());
+    }
+    let xw = wide(x, from);
+    if to == DType::Bool {
+        return Ok(format!("(uint8_t)({xw} != 0)"));
+    }
+    if from.is_float() {
+        return Ok(match to {
+            DType::F32 => format!("(float){xw}"),
+            DType::F64 => format!("(double){xw}"),
+            DType::F16 => format!("(_Float16){xw}"),
+            DType::BF16 if from == DType::F64 => {
+                return Err(Unsupported(
+                    "f64 to bf16 rounds once in the interpreter; C has no such conversion".into(),
+                ))
+            }
+            DType::BF16 => format!("kf_f32_to_bf16((float){xw})"),
+            DType::I32 => format!("kf_f2i32((double){xw})"),
+            DType::I64 => format!("kf_f2i64((double){xw})"),
+            DType::U8 => format!("kf_f2u8((double){xw})"),
+            DType::Bool => unreachable!("handled above"),
+        });
+    }
+    // Integers and bool: through i64, wrapping to integer targets, rounding to float ones.
+    let i = format!("(int64_t){x}");
+    Ok(match to {
+        DType::F32 => format!("(float){i}"),
+        DType::F64 => format!("(double){i}"),
+        DType::F16 => format!("(_Float16)(float){i}"),
+        DType::BF16 => format!("kf_f32_to_bf16((float){i})"),
+        DType::I32 => format!("(int32_t){i}"),
+        DType::I64 => i,
+        DType::U8 => format!("(uint8_t){i}"),
+        DType::Bool => unreachable!("handled above"),
+    })
+}
+
+fn index_op(op: IndexOp, a: &str, b: &str) -> String {
+    match op {
+        IndexOp::Add => format!("{a} + {b}"),
+        IndexOp::Sub => format!("{a} - {b}"),
+        IndexOp::Mul => format!("{a} * {b}"),
+        IndexOp::Div => format!("{a} / {b}"),
+        IndexOp::Rem => format!("{a} % {b}"),
+        IndexOp::Min => format!("({a} < {b} ? {a} : {b})"),
+        IndexOp::Max => format!("({a} > {b} ? {a} : {b})"),
+    }
+}
+
+/// The C statement computing instruction `i` (declaring `v{i}`), or a store.
+fn statement(kernel: &Kernel, i: usize) -> Result<String, Unsupported> {
+    let inst = kernel.insts[i];
+    let d = inst.dtype;
+    let dt = |id: InstId| kernel.inst(id).dtype;
+    let e = match inst.kind {
+        InstKind::OuterIndex => "o".to_string(),
+        InstKind::InnerIndex => "j".to_string(),
+        InstKind::Const(bits) => literal(bits, d),
+        InstKind::Index(op, a, b) => index_op(op, &v(a), &v(b)),
+        InstKind::Unary(u, a) => unary(u, &v(a), d)?,
+        InstKind::Binary(b, x, y) => binary(b, &v(x), &v(y), d)?,
+        InstKind::Compare(c, x, y) => compare(c, &v(x), &v(y), dt(x)),
+        InstKind::Select(c, x, y) => format!("({} ? {} : {})", v(c), v(x), v(y)),
+        InstKind::Cast(a) => cast(&v(a), dt(a), d)?,
+        InstKind::Load { arg, offset } => format!("a{arg}[{}]", v(offset)),
+        InstKind::Store { arg, offset, value } => {
+            return Ok(format!("a{arg}[{}] = {};", v(offset), v(value)))
+        }
+        InstKind::Reduce { .. } => unreachable!("reductions are rendered as passes"),
+    };
+    Ok(format!("{} v{i} = {e};", ctype(d)))
+}
+
+/// Which inner-level instructions computing `roots` must run in a pass.
+fn pass_set(kernel: &Kernel, levels: &[Level], roots: &[InstId]) -> Vec<bool> {
+    let mut need = vec![false; kernel.insts.len()];
+    let mut stack = roots.to_vec();
+    while let Some(id) = stack.pop() {
+        if need[id.index()] || levels[id.index()] != Level::Inner {
+            continue;
+        }
+        need[id.index()] = true;
+        stack.extend(kernel.insts[id.index()].operands());
+    }
+    need
+}
+
+fn combine(op: ReduceOp, d: DType, a: &str, b: &str) -> String {
+    match (op, d) {
+        (ReduceOp::Sum, _) => {
+            if d.is_float() {
+                format!("{a} + {b}")
+            } else {
+                format!("({})({a} + {b})", ctype(d))
+            }
+        }
+        (ReduceOp::Prod, _) => {
+            if d.is_float() {
+                format!("{a} * {b}")
+            } else {
+                format!("({})((int64_t){a} * (int64_t){b})", ctype(d))
+            }
+        }
+        (ReduceOp::Max, DType::F32) => format!("kf_maximum({a}, {b})"),
+        (ReduceOp::Max, DType::F64) => format!("kf_maximum_f64({a}, {b})"),
+        (ReduceOp::Min, DType::F32) => format!("kf_minimum({a}, {b})"),
+        (ReduceOp::Min, DType::F64) => format!("kf_minimum_f64({a}, {b})"),
+        (ReduceOp::Max, _) => format!("({a} > {b} ? {a} : {b})"),
+        _ => format!("({a} < {b} ? {a} : {b})"),
+    }
+}
+
+fn identity(op: ReduceOp, d: DType) -> String {
+    let bits = match (op, d) {
+        (ReduceOp::Sum, DType::F32) => 0f32.to_bits() as u64,
+        (ReduceOp::Sum, DType::F64) => 0f64.to_bits(),
+        (ReduceOp::Prod, DType::F32) => 1f32.to_bits() as u64,
+        (ReduceOp::Prod, DType::F64) => 1f64.to_bits(),
+        (ReduceOp::Max, DType::F32) => f32::NEG_INFINITY.to_bits() as u64,
+        (ReduceOp::Max, DType::F64) => f64::NEG_INFINITY.to_bits(),
+        (ReduceOp::Min, DType::F32) => f32::INFINITY.to_bits() as u64,
+        (ReduceOp::Min, DType::F64) => f64::INFINITY.to_bits(),
+        (ReduceOp::Sum, _) => 0,
+        (ReduceOp::Prod, _) => 1,
+        (ReduceOp::Max, DType::I32) => i32::MIN as u32 as u64,
+        (ReduceOp::Max, DType::I64) => i64::MIN as u64,
+        (ReduceOp::Max, _) => 0,
+        (ReduceOp::Min, DType::I32) => i32::MAX as u32 as u64,
+        (ReduceOp::Min, DType::I64) => i64::MAX as u64,
+        (ReduceOp::Min, _) => u8::MAX as u64,
+        _ => 0,
+    };
+    literal(bits, d)
+}
+
+/// Renders `kernel` as a C translation unit defining `kfuse_kernel`.
+pub fn render(kernel: &Kernel) -> Result<String, Unsupported> {
+    let levels = kernel.levels();
+    let n_inner = kernel.inner_len();
+    let mut s = String::new();
+    writeln!(
+        s,
+        "/* kfuse kernel {}: outer {:?}, inner {:?} */",
+        kernel.name, kernel.outer, kernel.inner
+    )
+    .unwrap();
+    s.push_str(MATH_HEADER);
+    s.push_str("\nvoid kfuse_kernel(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi) {\n");
+    for (i, arg) in kernel.args.iter().enumerate() {
+        let t = ctype(arg.ty.dtype);
+        match arg.access {
+            Access::Read => {
+                writeln!(s, "    const {t} *restrict a{i} = (const {t} *)args[{i}];").unwrap()
+            }
+            Access::Write => writeln!(s, "    {t} *restrict a{i} = ({t} *)args[{i}];").unwrap(),
+        }
+    }
+    s.push_str("    (void)j_lo; (void)j_hi;\n    for (int64_t o = o_lo; o < o_hi; o++) {\n");
+    let inner_stores: Vec<InstId> = (0..kernel.insts.len())
+        .filter(|&i| {
+            matches!(kernel.insts[i].kind, InstKind::Store { .. }) && levels[i] == Level::Inner
+        })
+        .map(|i| InstId(i as u32))
+        .collect();
+    for i in 0..kernel.insts.len() {
+        if levels[i] == Level::Inner {
+            continue;
+        }
+        let inst = kernel.insts[i];
+        if let InstKind::Reduce { op, value } = inst.kind {
+            let need = pass_set(kernel, &levels, &[value]);
+            let mut body = String::new();
+            for (k, &needed) in need.iter().enumerate() {
+                if needed {
+                    writeln!(body, "                {}", statement(kernel, k)?).unwrap();
+                }
+            }
+            let d = inst.dtype;
+            let vd = kernel.inst(value).dtype;
+            if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) {
+                let better = if op == ReduceOp::ArgMax { ">" } else { "<" };
+                let t = ctype(vd);
+                writeln!(s, "        int64_t v{i} = 0;\n        {{\n            {t} best = 0; int best_nan = 0;").unwrap();
+                writeln!(s, "            for (int64_t j = 0; j < {n_inner}; j++) {{\n{body}                {t} x = {};", v(value)).unwrap();
+                writeln!(s, "                if (j == 0 || (!best_nan && (x != x || x {better} best))) {{ best = x; best_nan = x != x; v{i} = j; }}\n            }}\n        }}").unwrap();
+                continue;
+            }
+            let t = ctype(d);
+            let id = identity(op, d);
+            let c = combine(op, d, &format!("acc[l]"), &v(value));
+            writeln!(s, "        {t} v{i};\n        {{\n            {t} acc[16];\n            for (int l = 0; l < 16; l++) acc[l] = {id};").unwrap();
+            writeln!(s, "            int64_t jb = 0;\n            for (; jb + 16 <= {n_inner}; jb += 16) {{\n                for (int l = 0; l < 16; l++) {{\n                    int64_t j = jb + l;").unwrap();
+            for line in body.lines() {
+                writeln!(s, "    {line}").unwrap();
+            }
+            writeln!(
+                s,
+                "                    acc[l] = {c};\n                }}\n            }}"
+            )
+            .unwrap();
+            writeln!(s, "            for (int l = 0; jb + l < {n_inner}; l++) {{\n                int64_t j = jb + l;\n{body}                acc[l] = {c};\n            }}").unwrap();
+            let tree = combine(op, d, "acc[2 * l]", "acc[2 * l + 1]");
+            writeln!(s, "            for (int w = 8; w >= 1; w /= 2)\n                for (int l = 0; l < w; l++) acc[l] = {tree};\n            v{i} = acc[0];\n        }}").unwrap();
+            continue;
+        }
+        writeln!(s, "        {}", statement(kernel, i)?).unwrap();
+    }
+    if !inner_stores.is_empty() {
+        let need = pass_set(kernel, &levels, &inner_stores);
+        s.push_str("        for (int64_t j = j_lo; j < j_hi; j++) {\n");
+        for (k, &needed) in need.iter().enumerate() {
+            if needed {
+                writeln!(s, "            {}", statement(kernel, k)?).unwrap();
+            }
+        }
+        s.push_str("        }\n");
+    }
+    s.push_str("    }\n}\n");
+    Ok(s)
+}

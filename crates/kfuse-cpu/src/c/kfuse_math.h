@@ -1,0 +1,362 @@
+/* kfuse vector math for generated kernels.
+ *
+ * Every function computes exactly the operation sequence of its twin in crates/kfuse-math, so a
+ * kernel compiled in strict mode (-ffp-contract=off, no fast-math) matches the reference
+ * interpreter bit for bit; crates/kfuse-cpu/tests/c_math.rs checks that over the float range.
+ * Special cases are selects on the result rather than early returns, so loops vectorize. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define KF_INLINE static inline __attribute__((always_inline))
+
+KF_INLINE float kf_f32_from_bits(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
+KF_INLINE uint32_t kf_f32_bits(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
+KF_INLINE double kf_f64_from_bits(uint64_t b) { double f; memcpy(&f, &b, 8); return f; }
+
+/* ---- exp / log (exp_log.rs) ---- */
+#define KF_LOG2_E 1.44269504088896340736f
+#define KF_LN2_HI 0.6933594f
+#define KF_LN2_LO (-2.1219444e-4f)
+#define KF_EXP_MAX 88.72284f
+#define KF_EXP_MIN (-103.97208f)
+
+KF_INLINE float kf_pow2i(int32_t n) { return kf_f32_from_bits(((uint32_t)(n + 127)) << 23); }
+
+KF_INLINE float kf_scale(float y, int32_t k) {
+    int32_t k1 = k > 127 ? 127 : (k < -126 ? k + 126 : k);
+    int32_t k2 = k > 127 ? k - 127 : (k < -126 ? -126 : 0);
+    return y * kf_pow2i(k1) * kf_pow2i(k2);
+}
+
+KF_INLINE float kf_exp_poly(float r) {
+    return ((((1.9875691e-4f * r + 1.3981999e-3f) * r + 8.333452e-3f) * r + 4.1665796e-2f) * r
+            + 1.6666665e-1f) * r + 5.0000001e-1f;
+}
+
+KF_INLINE float kf_exp_reduced(float r) { return r * r * kf_exp_poly(r) + r + 1.0f; }
+
+/* k as an integer for finite, in-range x; clamped so that other inputs never convert out of range
+ * (their results are replaced by the special-case selects). */
+KF_INLINE int32_t kf_round_i32(float k, float lo, float hi) {
+    float c = k > hi ? hi : (k < lo ? lo : k);
+    return (int32_t)(c == c ? c : 0.0f);
+}
+
+KF_INLINE float kf_exp(float x) {
+    float k = rintf(x * KF_LOG2_E);
+    float r = x - k * KF_LN2_HI - k * KF_LN2_LO;
+    float v = kf_scale(kf_exp_reduced(r), kf_round_i32(k, -160.0f, 160.0f));
+    v = x < KF_EXP_MIN ? 0.0f : v;
+    v = x > KF_EXP_MAX ? INFINITY : v;
+    return x != x ? x : v;
+}
+
+KF_INLINE float kf_exp2(float x) {
+    float k = rintf(x);
+    float f = x - k;
+    float r = f * KF_LN2_HI + f * KF_LN2_LO;
+    float v = kf_scale(kf_exp_reduced(r), kf_round_i32(k, -160.0f, 160.0f));
+    v = x < -151.0f ? 0.0f : v;
+    v = x >= 128.0f ? INFINITY : v;
+    return x != x ? x : v;
+}
+
+KF_INLINE float kf_expm1(float x) {
+    float ax = fabsf(x);
+    float p = ((((((1.0f / 40320.0f * x + 1.0f / 5040.0f) * x + 1.0f / 720.0f) * x + 1.0f / 120.0f) * x
+                 + 1.0f / 24.0f) * x + 1.0f / 6.0f) * x + 0.5f) * (x * x);
+    float small = x + p;
+    float k = rintf(x * KF_LOG2_E);
+    float r = x - k * KF_LN2_HI - k * KF_LN2_LO;
+    float t = kf_pow2i(kf_round_i32(k, -126.0f, 127.0f));
+    float em1 = r + r * r * kf_exp_poly(r);
+    float v = (t - 1.0f) + t * em1;
+    v = x < -17.5f ? -1.0f : v;
+    v = x > 87.0f ? kf_exp(x) : v;
+    v = ax < 0.3465736f ? small : v;
+    v = ax < 2.98e-8f ? x : v;
+    return x != x ? x : v;
+}
+
+#define KF_SQRT_HALF 0.707106781186547524400844362104849039f
+
+KF_INLINE float kf_log_tail(float f) {
+    float z = f * f;
+    float p = 7.0376836e-2f;
+    p = p * f + -1.151461e-1f;
+    p = p * f + 1.1676999e-1f;
+    p = p * f + -1.2420141e-1f;
+    p = p * f + 1.4249323e-1f;
+    p = p * f + -1.6668058e-1f;
+    p = p * f + 2.0000714e-1f;
+    p = p * f + -2.4999994e-1f;
+    p = p * f + 3.3333331e-1f;
+    return f * z * p;
+}
+
+/* x = (1 + f) 2^e with sqrt(1/2) <= 1 + f < sqrt(2), for positive finite x. */
+KF_INLINE void kf_split_log(float x, float *e_out, float *f_out) {
+    uint32_t bits = kf_f32_bits(x);
+    int32_t e = -127;
+    uint32_t scaled = kf_f32_bits(x * 8388608.0f);
+    int sub = bits < 0x00800000u;
+    bits = sub ? scaled : bits;
+    e = sub ? e - 23 : e;
+    e += (int32_t)(bits >> 23);
+    float m = kf_f32_from_bits((bits & 0x007fffffu) | 0x3f800000u);
+    int big = m > 2.0f * KF_SQRT_HALF;
+    m = big ? m * 0.5f : m;
+    e = big ? e + 1 : e;
+    *e_out = (float)e;
+    *f_out = m - 1.0f;
+}
+
+KF_INLINE float kf_log_special(float x, float v) {
+    v = x == INFINITY ? x : v;
+    v = x == 0.0f ? -INFINITY : v;
+    return (x != x || x < 0.0f) ? NAN : v;
+}
+
+KF_INLINE float kf_log(float x) {
+    float e, f;
+    kf_split_log(x, &e, &f);
+    float z = f * f;
+    float y = kf_log_tail(f) + e * KF_LN2_LO - 0.5f * z;
+    return kf_log_special(x, f + y + e * KF_LN2_HI);
+}
+
+KF_INLINE float kf_log2(float x) {
+    float e, f;
+    kf_split_log(x, &e, &f);
+    float ln_m = f + (kf_log_tail(f) - 0.5f * f * f);
+    return kf_log_special(x, e + ln_m * KF_LOG2_E);
+}
+
+KF_INLINE float kf_log1p(float x) {
+    float u = 1.0f + x;
+    float v = kf_log(u) * (x / (u - 1.0f));
+    v = u <= 0.0f ? (u == 0.0f ? -INFINITY : NAN) : v;
+    v = u == 1.0f ? x : v;
+    v = x == INFINITY ? x : v;
+    return x != x ? x : v;
+}
+
+/* ---- sin / cos (trig.rs) ---- */
+static const uint64_t KF_TWO_OVER_PI[5] = {
+    0xA2F9836E4E441529ull, 0xFC2757D1F534DDC0ull, 0xDB6295993C439041ull,
+    0xFE5163ABDEBBC561ull, 0xB7246E3A424DD2E0ull,
+};
+#define KF_INV_PIO2 0x1.45f306dc9c883p-1
+#define KF_PIO2_1 1.57079631090164184570e+00
+#define KF_PIO2_1T 1.58932547735281966916e-08
+#define KF_PI_2 0x1.921fb54442d18p+0
+
+KF_INLINE double kf_sin_kernel(double x) {
+    const double S1 = -0.166666666416265235595, S2 = 0.0083333293858894631756,
+                 S3 = -0.000198393348360966317347, S4 = 0.0000027183114939898219064;
+    double z = x * x, w = z * z, r = S3 + z * S4, s = z * x;
+    return (x + s * (S1 + z * S2)) + s * w * r;
+}
+
+KF_INLINE double kf_cos_kernel(double x) {
+    const double C0 = -0.499999997251031003120, C1 = 0.0416666233237390631894,
+                 C2 = -0.00138867637746099294692, C3 = 0.0000243904487962774090654;
+    double z = x * x, w = z * z, r = C2 + z * C3;
+    return ((1.0 + z * C0) + w * C1) + (w * z) * r;
+}
+
+/* Payne-Hanek for |x| >= 2e8 (rare; kept out of line). */
+static __attribute__((noinline)) double kf_reduce_large(float x, uint32_t *n_out) {
+    uint32_t bits = kf_f32_bits(x);
+    unsigned __int128 m = (bits & 0x007fffffu) | 0x00800000u;
+    unsigned e = (bits >> 23) - 150;
+    unsigned start = e - 2;
+    unsigned __int128 window = 0;
+    for (unsigned i = start; i < start + 96; i++)
+        window = (window << 1) | ((KF_TWO_OVER_PI[i / 64] >> (63 - i % 64)) & 1);
+    unsigned __int128 product = m * window;
+    uint32_t n = (uint32_t)((product >> 94) & 3);
+    unsigned __int128 mask = ((unsigned __int128)1 << 94) - 1;
+    double frac = (double)(product & mask) / (double)((unsigned __int128)1 << 94);
+    if (frac >= 0.5) {
+        frac -= 1.0;
+        n = (n + 1) & 3;
+    }
+    *n_out = n;
+    return frac * KF_PI_2;
+}
+
+KF_INLINE double kf_reduce(float ax, uint32_t *n_out) {
+    if (ax >= 2.0e8f) return kf_reduce_large(ax, n_out);
+    double xd = (double)ax;
+    double n = rint(xd * KF_INV_PIO2);
+    *n_out = (uint32_t)((int64_t)n & 3);
+    return xd - n * KF_PIO2_1 - n * KF_PIO2_1T;
+}
+
+KF_INLINE float kf_sin(float x) {
+    float ax = fabsf(x);
+    uint32_t n;
+    double r = kf_reduce(ax == ax && ax != INFINITY ? ax : 0.0f, &n);
+    double sk = kf_sin_kernel(r), ck = kf_cos_kernel(r);
+    double s = n == 0 ? sk : (n == 1 ? ck : (n == 2 ? -sk : -ck));
+    float v = (float)s;
+    v = x < 0.0f ? -v : v;
+    v = ax < 2.44e-4f ? x : v;
+    return (x != x || ax == INFINITY) ? NAN : v;
+}
+
+KF_INLINE float kf_cos(float x) {
+    float ax = fabsf(x);
+    uint32_t n;
+    double r = kf_reduce(ax == ax && ax != INFINITY ? ax : 0.0f, &n);
+    double sk = kf_sin_kernel(r), ck = kf_cos_kernel(r);
+    double c = n == 0 ? ck : (n == 1 ? -sk : (n == 2 ? -ck : sk));
+    return (x != x || ax == INFINITY) ? NAN : (float)c;
+}
+
+/* ---- tanh, sigmoid, softplus, GELU, rsqrt (lib.rs) ---- */
+KF_INLINE float kf_tanh(float x) {
+    float ax = fabsf(x);
+    float z = x * x;
+    float p = (((-5.7049887e-3f * z + 2.0639089e-2f) * z - 5.3739716e-2f) * z + 1.3331442e-1f) * z - 3.3333282e-1f;
+    float small = x + x * z * p;
+    float t = ax > 9.0f ? 1.0f : 1.0f - 2.0f / (kf_exp(2.0f * ax) + 1.0f);
+    float v = copysignf(t, x);
+    v = ax < 0.625f ? small : v;
+    v = ax < 2.44e-4f ? x : v;
+    return ax != ax ? x : v;
+}
+
+KF_INLINE float kf_sigmoid(float x) {
+    float pos = 1.0f / (1.0f + kf_exp(-x));
+    float e = kf_exp(x);
+    float neg = e / (1.0f + e);
+    return x >= 0.0f ? pos : neg;
+}
+
+KF_INLINE double kf_sigmoid_f64(double x) {
+    double pos = 1.0 / (1.0 + exp(-x));
+    double e = exp(x);
+    return x >= 0.0 ? pos : e / (1.0 + e);
+}
+
+KF_INLINE float kf_softplus(float x) {
+    float v = fmaxf(x, 0.0f) + kf_log1p(kf_exp(-fabsf(x)));
+    return x != x ? x : v;
+}
+
+KF_INLINE double kf_softplus_f64(double x) {
+    double v = fmax(x, 0.0) + log1p(exp(-fabs(x)));
+    return x != x ? x : v;
+}
+
+KF_INLINE double kf_gelu_tanh_f64(double x) {
+    double u = 0x1.9884533d43651p-1 * (x + 0.044715 * x * x * x);
+    double v = x * kf_sigmoid_f64(2.0 * u);
+    return isinf(x) ? (x > 0.0 ? x : -0.0) : v;
+}
+
+KF_INLINE float kf_gelu_tanh(float x) { return (float)kf_gelu_tanh_f64((double)x); }
+
+KF_INLINE float kf_rsqrt(float x) { return (float)(1.0 / sqrt((double)x)); }
+
+/* ---- erf and GELU, erf form (erf.rs) ---- */
+static const double KF_ERF_SMALL[10] = {
+    1.1283791670954912, -0.3761263890276841, 0.11283791657499177, -0.026866168944683452,
+    0.005223966656513368, -0.0008547918406326636, 0.00012046003753913706,
+    -1.4792506796106039e-05, 1.5293011238724599e-06, -1.0439616349364695e-07,
+};
+static const double KF_ERFC_TAIL[17] = {
+    -0.5723653326848518, 2.009371029967584e-05, -0.5004544023717076, 0.005905416053492059,
+    0.5769017026868812, 0.24456018951153377, -2.185373689148906, -0.5422190789281313,
+    17.85687132634169, -52.73044127690035, 90.18829216033456, -105.06262729210803,
+    86.61201198077916, -50.14778084295121, 19.4986210267468, -4.585240074225506,
+    0.49371258323113243,
+};
+
+KF_INLINE double kf_horner(const double *c, int n, double u) {
+    double acc = 0.0;
+    for (int i = n - 1; i >= 0; i--) acc = acc * u + c[i];
+    return acc;
+}
+
+KF_INLINE double kf_erf_small(double y) { return y * kf_horner(KF_ERF_SMALL, 10, y * y); }
+
+KF_INLINE double kf_erfc_tail(double y) {
+    double v = exp(-(y * y) + kf_horner(KF_ERFC_TAIL, 17, 1.0 / y)) / y;
+    return y > 10.1 ? 0.0 : v;
+}
+
+KF_INLINE double kf_erfc(double y) {
+    return y >= 1.0 ? kf_erfc_tail(y) : (y > -1.0 ? 1.0 - kf_erf_small(y) : 2.0 - kf_erfc_tail(-y));
+}
+
+KF_INLINE float kf_erf(float x) {
+    double y = (double)x, ay = fabs(y);
+    double r = ay < 1.0 ? kf_erf_small(y) : (ay > 4.0 ? copysign(1.0, y) : copysign(1.0 - kf_erfc_tail(ay), y));
+    return x != x ? x : (float)r;
+}
+
+KF_INLINE float kf_gelu(float x) {
+    double y = (double)x;
+    float v = (float)(0.5 * y * kf_erfc(-y * 0x1.6a09e667f3bcdp-1));
+    v = x == INFINITY ? x : v;
+    v = x == -INFINITY ? -0.0f : v;
+    return x != x ? x : v;
+}
+
+/* ---- scalar semantics (scalar.rs) ---- */
+KF_INLINE float kf_maximum(float a, float b) { return (a != a || b != b) ? NAN : ((a > b || (a == b && signbit(b))) ? a : b); }
+KF_INLINE float kf_minimum(float a, float b) { return (a != a || b != b) ? NAN : ((a < b || (a == b && signbit(a))) ? a : b); }
+KF_INLINE double kf_maximum_f64(double a, double b) { return (a != a || b != b) ? NAN : ((a > b || (a == b && signbit(b))) ? a : b); }
+KF_INLINE double kf_minimum_f64(double a, double b) { return (a != a || b != b) ? NAN : ((a < b || (a == b && signbit(a))) ? a : b); }
+
+KF_INLINE float kf_rem(float x, float y) {
+    float m = fmodf(x, y);
+    return (m != 0.0f && ((y < 0.0f) != (m < 0.0f))) ? m + y : (m == 0.0f ? copysignf(0.0f, y) : m);
+}
+KF_INLINE double kf_rem_f64(double x, double y) {
+    double m = fmod(x, y);
+    return (m != 0.0 && ((y < 0.0) != (m < 0.0))) ? m + y : (m == 0.0 ? copysign(0.0, y) : m);
+}
+
+KF_INLINE int64_t kf_floor_div(int64_t x, int64_t y) {
+    if (y == 0) return 0;
+    if (y == -1) return (int64_t)(0 - (uint64_t)x);
+    int64_t q = x / y;
+    return ((x % y != 0) && ((x < 0) != (y < 0))) ? q - 1 : q;
+}
+KF_INLINE int64_t kf_rem_i64(int64_t x, int64_t y) {
+    if (y == 0 || y == -1) return 0;
+    int64_t m = x % y;
+    return (m != 0 && ((m < 0) != (y < 0))) ? m + y : m;
+}
+KF_INLINE int64_t kf_int_pow(int64_t base, int64_t e) {
+    if (e < 0) return base == 1 ? 1 : (base == -1 ? ((e % 2 == 0) ? 1 : -1) : 0);
+    uint64_t result = 1, b = (uint64_t)base, k = (uint64_t)e;
+    while (k > 0) {
+        if (k & 1) result *= b;
+        b *= b;
+        k >>= 1;
+    }
+    return (int64_t)result;
+}
+
+KF_INLINE float kf_sign(float x) { return (x != x || x == 0.0f) ? x : (x > 0.0f ? 1.0f : -1.0f); }
+KF_INLINE double kf_sign_f64(double x) { return (x != x || x == 0.0) ? x : (x > 0.0 ? 1.0 : -1.0); }
+
+/* Saturating float-to-integer conversions with NaN -> 0 (Rust `as`). */
+KF_INLINE int32_t kf_f2i32(double x) { return x != x ? 0 : (x >= 2147483647.0 ? INT32_MAX : (x <= -2147483648.0 ? INT32_MIN : (int32_t)x)); }
+KF_INLINE int64_t kf_f2i64(double x) { return x != x ? 0 : (x >= 9223372036854775807.0 ? INT64_MAX : (x <= -9223372036854775808.0 ? INT64_MIN : (int64_t)x)); }
+KF_INLINE uint8_t kf_f2u8(double x) { return x != x ? 0 : (x >= 255.0 ? 255 : (x <= 0.0 ? 0 : (uint8_t)x)); }
+
+/* bfloat16 as raw bits, rounded to nearest even like the `half` crate. */
+KF_INLINE float kf_bf16_to_f32(uint16_t b) { return kf_f32_from_bits((uint32_t)b << 16); }
+KF_INLINE uint16_t kf_f32_to_bf16(float v) {
+    uint32_t x = kf_f32_bits(v);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x0040u);
+    uint32_t round_bit = 0x00008000u;
+    return ((x & round_bit) != 0 && (x & (3 * round_bit - 1)) != 0) ? (uint16_t)((x >> 16) + 1) : (uint16_t)(x >> 16);
+}

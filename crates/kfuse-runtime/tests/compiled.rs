@@ -1,0 +1,464 @@
+//! The compiled C tier: strict mode is bit-identical to the reference interpreter (every unary op
+//! over every f16 and bf16 value and sweeps of f32 and f64, binary ops, comparisons and casts on
+//! edge values in every dtype, random graphs); fast mode stays within its documented bound; the
+//! on-disk cache is hit on a second compile.
+
+use std::path::PathBuf;
+
+use kfuse_cpu::Numerics;
+use kfuse_fusion::{FixedCostModel, FusePolicy};
+use kfuse_interp::CustomOps;
+use kfuse_ir::text::parse_graph;
+use kfuse_ir::{Array, DType, Graph, Op, Storage, TensorType, UnaryOp, Value};
+use kfuse_runtime::{compile_with, Backend, Executable, Options, Tier};
+use kfuse_testkit::{random_array, GraphGen, Rng};
+
+fn cache_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("kfuse-test-cache-{}", std::process::id()))
+}
+
+fn build(graph: &Graph, numerics: Numerics) -> Executable {
+    let options = Options {
+        policy: FusePolicy::Cost,
+        numerics,
+        backend: Backend::Auto,
+        cache_dir: cache_dir(),
+    };
+    compile_with(graph, &options, &FixedCostModel::default()).expect("compiles")
+}
+
+fn same(a: &Array, b: &Array) -> Option<usize> {
+    (0..a.n_elems()).find(|&i| {
+        !(a.get_f64(i).is_nan() && b.get_f64(i).is_nan()) && a.get_bits(i) != b.get_bits(i)
+    })
+}
+
+/// Runs compiled and reference and compares every output bit for bit.
+fn check_strict(graph: &Graph, inputs: &[(String, Array)], what: &str) {
+    let exe = build(graph, Numerics::Strict);
+    for t in exe.tiers.iter().flatten() {
+        if let Tier::Tile { reason } = t {
+            panic!("{what}: a kernel fell back to the tile interpreter: {reason}");
+        }
+    }
+    let (got, _) = exe
+        .run(inputs, &CustomOps::new())
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let want = kfuse_interp::run(graph, inputs, &CustomOps::new()).unwrap();
+    for ((name, w), (_, g)) in want.iter().zip(&got) {
+        if let Some(i) = same(g, w) {
+            let x: Vec<String> = inputs
+                .iter()
+                .map(|(n, a)| {
+                    format!(
+                        "{n}[{i}]={:e} ({:#x})",
+                        a.get_f64(i.min(a.n_elems() - 1)),
+                        a.get_bits(i.min(a.n_elems() - 1))
+                    )
+                })
+                .collect();
+            panic!(
+                "{what}: output {name}[{i}]: compiled {:e} ({:#x}), reference {:e} ({:#x}); {}",
+                g.get_f64(i),
+                g.get_bits(i),
+                w.get_f64(i),
+                w.get_bits(i),
+                x.join(", ")
+            );
+        }
+    }
+}
+
+/// Every value of a 16-bit float type, or a sweep of f32 bit patterns and edge values.
+fn sweep(dtype: DType) -> Array {
+    let specials = [
+        0.0f64,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        1e-45,
+        88.72,
+        -103.9,
+        2e8,
+        3.4e38,
+        1e-300,
+    ];
+    match dtype {
+        DType::F16 => Array::from_vec(
+            vec![65536],
+            (0..=u16::MAX).map(kfuse_ir::f16::from_bits).collect(),
+        )
+        .unwrap(),
+        DType::BF16 => Array::from_vec(
+            vec![65536],
+            (0..=u16::MAX).map(kfuse_ir::bf16::from_bits).collect(),
+        )
+        .unwrap(),
+        DType::F32 => {
+            let mut v: Vec<f32> = specials.iter().map(|&x| x as f32).collect();
+            v.extend((0..u32::MAX).step_by(16411).map(f32::from_bits));
+            let n = v.len();
+            Array::from_vec(vec![n], v).unwrap()
+        }
+        _ => {
+            let mut v: Vec<f64> = specials.to_vec();
+            let mut rng = Rng::new(64);
+            v.extend((0..60_000).map(|_| f64::from_bits(rng.next_u64())));
+            v.extend((0..60_000).map(|k| (k as f64 - 30_000.0) / 997.0));
+            let n = v.len();
+            Array::from_vec(vec![n], v).unwrap()
+        }
+    }
+}
+
+fn unary_graph(dtype: DType, ops: &[UnaryOp], n: usize) -> Graph {
+    let mut g = Graph::new();
+    let x = g
+        .add(
+            Op::Input {
+                name: "x".into(),
+                ty: TensorType::new(dtype, [n]),
+            },
+            vec![],
+        )
+        .unwrap();
+    for &u in ops {
+        let y = g.add(Op::Unary(u), vec![x]).unwrap();
+        g.add_output(u.name(), y).unwrap();
+    }
+    g
+}
+
+const FLOAT_UNARY: &[UnaryOp] = &[
+    UnaryOp::Neg,
+    UnaryOp::Abs,
+    UnaryOp::Sign,
+    UnaryOp::Exp,
+    UnaryOp::Exp2,
+    UnaryOp::Log,
+    UnaryOp::Log2,
+    UnaryOp::Log1p,
+    UnaryOp::Expm1,
+    UnaryOp::Sqrt,
+    UnaryOp::Rsqrt,
+    UnaryOp::Reciprocal,
+    UnaryOp::Sin,
+    UnaryOp::Cos,
+    UnaryOp::Tanh,
+    UnaryOp::Sigmoid,
+    UnaryOp::Relu,
+    UnaryOp::Gelu,
+    UnaryOp::GeluTanh,
+    UnaryOp::Erf,
+    UnaryOp::Softplus,
+    UnaryOp::Floor,
+    UnaryOp::Ceil,
+    UnaryOp::Round,
+];
+
+#[test]
+fn every_unary_op_is_bit_exact_in_strict_mode() {
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+        let x = sweep(dtype);
+        let ops: Vec<UnaryOp> = FLOAT_UNARY
+            .iter()
+            .copied()
+            .filter(|u| dtype != DType::F64 || !matches!(u, UnaryOp::Erf | UnaryOp::Gelu))
+            .collect();
+        let g = unary_graph(dtype, &ops, x.n_elems());
+        check_strict(&g, &[("x".into(), x)], &format!("unary {dtype}"));
+    }
+}
+
+#[test]
+fn f64_erf_falls_back_to_the_tile_interpreter_and_says_why() {
+    let g = unary_graph(DType::F64, &[UnaryOp::Erf], 8);
+    let exe = build(&g, Numerics::Strict);
+    match exe.tiers.iter().flatten().next() {
+        Some(Tier::Tile { reason }) => assert!(reason.contains("libm crate's erf"), "{reason}"),
+        other => panic!("expected the tile tier, got {:?}", other.map(|t| t.name())),
+    }
+    let x = Array::from_vec(
+        vec![8],
+        vec![0.0, -0.0, 0.5, -3.0, 7.0, f64::NAN, f64::INFINITY, 1e-310],
+    )
+    .unwrap();
+    let (got, _) = exe
+        .run(&[("x".into(), x.clone())], &CustomOps::new())
+        .unwrap();
+    let want = kfuse_interp::run(&g, &[("x".into(), x)], &CustomOps::new()).unwrap();
+    assert_eq!(same(&got[0].1, &want[0].1), None);
+}
+
+/// Every pair from a list of edge values, as two arrays.
+fn pairs(dtype: DType) -> (Array, Array) {
+    let values: Vec<f64> = match dtype {
+        DType::Bool => vec![0.0, 1.0],
+        DType::U8 => vec![0.0, 1.0, 2.0, 7.0, 128.0, 255.0],
+        DType::I32 | DType::I64 => vec![
+            0.0,
+            1.0,
+            -1.0,
+            2.0,
+            -7.0,
+            7.0,
+            2147483647.0,
+            -2147483648.0,
+            40.0,
+        ],
+        _ => vec![
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            2.5,
+            -7.0,
+            3.0,
+            1e-40,
+            1e30,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            0.1,
+        ],
+    };
+    let n = values.len();
+    let a: Vec<f64> = (0..n * n).map(|k| values[k / n]).collect();
+    let b: Vec<f64> = (0..n * n).map(|k| values[k % n]).collect();
+    let make = |v: Vec<f64>| {
+        let f = Array::from_vec(vec![n * n], v).unwrap();
+        kfuse_interp::elementwise::cast(&f, dtype)
+    };
+    let (a, mut b) = (make(a), make(b));
+    if dtype == DType::I64 {
+        // Exercise the extremes of i64 too.
+        if let Storage::I64(v) = b.clone().into_storage() {
+            let mut v = v;
+            v[0] = i64::MIN;
+            v[1] = i64::MAX;
+            b = Array::from_vec(vec![v.len()], v).unwrap();
+        }
+    }
+    (a, b)
+}
+
+#[test]
+fn binary_ops_comparisons_and_casts_are_bit_exact() {
+    for dtype in DType::ALL {
+        let (a, b) = pairs(dtype);
+        let n = a.n_elems();
+        let ty = TensorType::new(dtype, [n]);
+        let mut g = Graph::new();
+        let x = g
+            .add(
+                Op::Input {
+                    name: "a".into(),
+                    ty: ty.clone(),
+                },
+                vec![],
+            )
+            .unwrap();
+        let y = g
+            .add(
+                Op::Input {
+                    name: "b".into(),
+                    ty,
+                },
+                vec![],
+            )
+            .unwrap();
+        let mut out = |g: &mut Graph, name: String, v: Result<Value, kfuse_ir::IrError>| {
+            if let Ok(v) = v {
+                g.add_output(name, v).unwrap();
+            }
+        };
+        for &op in kfuse_ir::BinaryOp::ALL {
+            let v = g.add(Op::Binary(op), vec![x, y]);
+            out(&mut g, format!("{}", op.name()), v);
+        }
+        for &op in kfuse_ir::CompareOp::ALL {
+            let v = g.add(Op::Compare(op), vec![x, y]);
+            out(&mut g, format!("{}", op.name()), v);
+        }
+        for to in DType::ALL {
+            if dtype == DType::F64 && to == DType::BF16 {
+                continue; // Rendered by the tile tier; see f64_to_bf16_is_the_tile_tier.
+            }
+            let v = g.add(Op::Cast { to }, vec![x]);
+            out(&mut g, format!("cast_{to}"), v);
+        }
+        let v = g.add(Op::Clamp, vec![x, y, x]);
+        out(&mut g, "clamp".into(), v);
+        check_strict(
+            &g,
+            &[("a".into(), a), ("b".into(), b)],
+            &format!("binary {dtype}"),
+        );
+    }
+}
+
+#[test]
+fn reductions_are_bit_exact_in_strict_mode() {
+    let text = "%x = input() name=\"x\" : f32[37, 1029]\n%s = reduce_sum(%x) axes=[1]\n%p = reduce_prod(%x) axes=[1]\n\
+                %mx = reduce_max(%x) axes=[1]\n%mn = reduce_min(%x) axes=[1]\n%me = reduce_mean(%x) axes=[1]\n\
+                %am = argmax(%x) axes=[1]\n%an = argmin(%x) axes=[1]\n%c = reduce_sum(%x) axes=[0]\n\
+                output \"s\" = %s\noutput \"p\" = %p\noutput \"mx\" = %mx\noutput \"mn\" = %mn\noutput \"me\" = %me\n\
+                output \"am\" = %am\noutput \"an\" = %an\noutput \"c\" = %c\n";
+    let g = parse_graph(text).unwrap();
+    for seed in 0..3 {
+        let mut rng = Rng::new(seed);
+        let x = random_array(&mut rng, &TensorType::new(DType::F32, [37, 1029]));
+        check_strict(&g, &[("x".into(), x)], "reductions");
+    }
+    for dtype in ["i32", "i64", "u8", "f64", "f16"] {
+        let g = parse_graph(
+            &text
+                .replace("f32", dtype)
+                .replace("%me = reduce_mean(%x) axes=[1]\n", "")
+                .replace("output \"me\" = %me\n", ""),
+        )
+        .unwrap();
+        let mut rng = Rng::new(9);
+        let x = random_array(&mut rng, &g.inputs().next().unwrap().2.clone());
+        check_strict(&g, &[("x".into(), x)], &format!("reductions {dtype}"));
+    }
+}
+
+#[test]
+fn random_graphs_are_bit_exact_in_strict_mode() {
+    let mut compiled_kernels = 0;
+    for seed in 0..40u64 {
+        let mut rng = Rng::new(seed + 5000);
+        let mut gen = GraphGen::new(&mut rng);
+        gen.allow_custom = false;
+        let graph = gen.generate(2, 14);
+        let mut data = Rng::new(seed);
+        let inputs: Vec<(String, Array)> = graph
+            .inputs()
+            .map(|(_, n, t)| (n.to_string(), random_array(&mut data, t)))
+            .collect();
+        let exe = build(&graph, Numerics::Strict);
+        compiled_kernels += exe
+            .tiers
+            .iter()
+            .flatten()
+            .filter(|t| matches!(t, Tier::Compiled { .. }))
+            .count();
+        let want = kfuse_interp::run(&graph, &inputs, &CustomOps::new());
+        let got = exe.run(&inputs, &CustomOps::new());
+        match (want, got) {
+            (Ok(w), Ok((g, _))) => {
+                for ((name, w), (_, g)) in w.iter().zip(&g) {
+                    assert_eq!(
+                        same(g, w),
+                        None,
+                        "seed {seed}: output {name}\n{}",
+                        kfuse_ir::text::print_graph(&graph)
+                    );
+                }
+            }
+            (Err(_), Err(_)) => {}
+            (w, g) => panic!(
+                "seed {seed}: reference {:?}, compiled {:?}",
+                w.err(),
+                g.err()
+            ),
+        }
+    }
+    assert!(
+        compiled_kernels > 40,
+        "only {compiled_kernels} kernels compiled"
+    );
+}
+
+#[test]
+fn a_second_compile_hits_the_cache() {
+    let g = parse_graph(
+        "%x = input() name=\"x\" : f32[1000]\n%y = tanh(%x)\n%z = mul(%y, %x)\noutput \"z\" = %z\n",
+    )
+    .unwrap();
+    let _ = build(&g, Numerics::Fast);
+    let again = build(&g, Numerics::Fast);
+    assert!(matches!(
+        again.tiers.iter().flatten().next(),
+        Some(Tier::Compiled { cached: true, .. })
+    ));
+}
+
+#[test]
+fn fast_mode_stays_within_its_error_bound() {
+    // Elementwise chains: fast mode may contract into FMAs; results stay within 4 ULP of strict
+    // for normal results. Sums may be reassociated: within n * eps * sum |x| of strict.
+    let text = "%x = input() name=\"x\" : f32[64, 512]\n%a = exp(%x)\n%b = mul(%a, %x)\n%c = add(%b, %x)\n%t = tanh(%c)\n\
+                %s = reduce_sum(%t) axes=[1]\noutput \"t\" = %t\noutput \"s\" = %s\n";
+    let g = parse_graph(text).unwrap();
+    let mut rng = Rng::new(77);
+    let data: Vec<f32> = (0..64 * 512)
+        .map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0)
+        .collect();
+    let x = Array::from_vec(vec![64, 512], data.clone()).unwrap();
+    let inputs = [("x".to_string(), x)];
+    let (strict, _) = build(&g, Numerics::Strict)
+        .run(&inputs, &CustomOps::new())
+        .unwrap();
+    let (fast, _) = build(&g, Numerics::Fast)
+        .run(&inputs, &CustomOps::new())
+        .unwrap();
+    let (st, ft) = (
+        strict[0].1.as_slice::<f32>().unwrap(),
+        fast[0].1.as_slice::<f32>().unwrap(),
+    );
+    for (i, (&s, &f)) in st.iter().zip(ft).enumerate() {
+        let ulp = (s.abs().max(f32::MIN_POSITIVE) * f32::EPSILON) as f64;
+        assert!(
+            ((s - f).abs() as f64) <= 4.0 * ulp,
+            "t[{i}]: strict {s}, fast {f}"
+        );
+    }
+    let (ss, fs) = (
+        strict[1].1.as_slice::<f32>().unwrap(),
+        fast[1].1.as_slice::<f32>().unwrap(),
+    );
+    for r in 0..64 {
+        let abs_sum: f64 = st[r * 512..(r + 1) * 512]
+            .iter()
+            .map(|v| v.abs() as f64)
+            .sum();
+        let bound = 512.0 * f32::EPSILON as f64 * abs_sum;
+        assert!(
+            ((ss[r] - fs[r]).abs() as f64) <= bound,
+            "row {r}: strict {}, fast {}",
+            ss[r],
+            fs[r]
+        );
+    }
+}
+
+#[test]
+fn c_header_constants_match_the_rust_definitions() {
+    // The erf tables exist twice (Rust and C); a digit typed wrong in either breaks strict mode
+    // only for some inputs, so compare the tables directly.
+    let header = kfuse_cpu::c::MATH_HEADER;
+    let rust = include_str!("../../kfuse-math/src/erf.rs");
+    let numbers = |text: &str, start: &str, end: &str| -> Vec<f64> {
+        let body = &text[text.find(start).unwrap_or_else(|| panic!("{start}"))..];
+        let body = &body[body.find('=').unwrap() + 1..];
+        let body = &body[..body.find(end).unwrap()];
+        let body = body.replace('_', "");
+        body.split(|c: char| c == ',' || c.is_whitespace() || c == '{' || c == '[')
+            .filter_map(|t| t.trim().parse::<f64>().ok())
+            .collect()
+    };
+    for (c_name, rust_name) in [
+        ("KF_ERF_SMALL[10] =", "const SMALL"),
+        ("KF_ERFC_TAIL[17] =", "const TAIL"),
+    ] {
+        let from_c = numbers(header, c_name, "};");
+        let from_rust: Vec<f64> = numbers(rust, rust_name, "];");
+        assert_eq!(from_c, from_rust, "{c_name} differs from {rust_name}");
+    }
+}
