@@ -258,7 +258,7 @@ fn form_kernels(
                     .into_iter()
                     .collect(),
             }),
-            Class::Fusible | Class::Scalar if stored.contains_key(&id) => {
+            Class::Fusible if stored.contains_key(&id) => {
                 let (nodes, inputs) = cone(graph, id, stored);
                 let kind = domain_of(graph, id, &nodes)?;
                 kernels.push(Kernel {

@@ -7,7 +7,9 @@
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let step: u64 = args.first().map_or(1, |s| s.parse().expect("STEP must be an integer"));
+    let step: u64 = args
+        .first()
+        .map_or(1, |s| s.parse().expect("STEP must be an integer"));
     let only = &args[args.len().min(1)..];
     println!("| function | max error (ULP) | at x | bound |");
     println!("|---|---|---|---|");

@@ -9,13 +9,14 @@
 //! (matmul, convolution, sort, ...) run the reference interpreter's implementation of the op on
 //! whole buffers.
 
-use std::collections::HashMap;
-
 use kfuse_cpu::{CacheOutcome, CompiledKernel, Compiler, Numerics};
 use kfuse_fusion::{partition, CostModel, FusePolicy, Partition};
 use kfuse_interp::{CustomOps, InterpError};
-use kfuse_ir::{Array, Graph, Storage};
-use kfuse_kernel::{lower, Access, BufId, BufferKind, LowerError, Program, Step};
+pub use runner::{plan_memory, MemoryPlan, Runner};
+
+mod runner;
+use kfuse_ir::{Array, Graph};
+use kfuse_kernel::{lower, LowerError, Program, Step};
 
 /// Why compiling or running failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -152,17 +153,22 @@ pub fn compile_with(
             },
         })
     };
-    let tiers: Vec<Option<Tier>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = program
-            .steps
-            .iter()
-            .map(|step| scope.spawn(|| tier_of(step)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a compile thread panicked"))
-            .collect()
-    });
+    // Compilations run in parallel; tiers that need no compiler are decided in place.
+    let tiers: Vec<Option<Tier>> = if compiler.is_ok() {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = program
+                .steps
+                .iter()
+                .map(|step| scope.spawn(|| tier_of(step)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a compile thread panicked"))
+                .collect()
+        })
+    } else {
+        program.steps.iter().map(tier_of).collect()
+    };
     Ok(Executable {
         partition,
         program,
@@ -179,234 +185,38 @@ pub struct RunStats {
     pub library_steps: usize,
     /// Bytes written to buffers by steps.
     pub bytes_written: usize,
-    /// Most bytes of buffers held at once, inputs included.
+    /// Bytes of the reusable buffer slots the memory planner allocated, plus inputs and constants.
     pub peak_bytes: usize,
 }
 
 impl Executable {
-    /// Runs the program on named inputs; returns the outputs in graph order.
+    /// Runs the program once on named inputs; returns the outputs in graph order. For repeated
+    /// runs, [`Executable::runner`] keeps buffers allocated between runs.
     pub fn run(
         &self,
         inputs: &[(String, Array)],
         custom: &CustomOps,
     ) -> Result<(Vec<(String, Array)>, RunStats), RunError> {
-        run_program(&self.program, &self.tiers, inputs, custom)
+        let mut runner = self.runner();
+        let stats = runner.run(inputs, custom)?;
+        Ok((runner.outputs(inputs), stats))
+    }
+
+    /// A runner that reuses its buffers across runs.
+    pub fn runner(&self) -> Runner<'_> {
+        Runner::new(&self.program, &self.tiers)
     }
 }
 
-fn storage_bytes(s: &Storage) -> usize {
-    s.len() * s.dtype().size_bytes()
-}
-
-fn unknown_input(program: &Program, name: &str) -> RunError {
-    let known: Vec<String> = program
-        .buffers
-        .iter()
-        .filter_map(|b| match &b.kind {
-            BufferKind::Input(n) => Some(format!("{n:?}: {}", b.ty)),
-            _ => None,
-        })
-        .collect();
-    let known = if known.is_empty() {
-        "none".into()
-    } else {
-        known.join(", ")
-    };
-    RunError::Input(InterpError::UnknownInput {
-        name: name.to_string(),
-        known,
-    })
-}
-
-/// Executes a program; `tiers[i]` says how kernel step `i` runs (the tile interpreter where it
-/// is missing).
+/// Executes a program once; `tiers[i]` says how kernel step `i` runs (the tile interpreter where
+/// it is missing).
 pub fn run_program(
     program: &Program,
     tiers: &[Option<Tier>],
     inputs: &[(String, Array)],
     custom: &CustomOps,
 ) -> Result<(Vec<(String, Array)>, RunStats), RunError> {
-    let given: HashMap<&str, &Array> = inputs.iter().map(|(n, a)| (n.as_str(), a)).collect();
-    for (name, _) in inputs {
-        if !program
-            .buffers
-            .iter()
-            .any(|b| b.kind == BufferKind::Input(name.clone()))
-        {
-            return Err(unknown_input(program, name));
-        }
-    }
-    // The last step that reads each buffer; outputs live to the end.
-    let n_bufs = program.buffers.len();
-    let mut last_read = vec![None; n_bufs];
-    for (s, step) in program.steps.iter().enumerate() {
-        let reads: Vec<BufId> = match step {
-            Step::Kernel { kernel, args } => args
-                .iter()
-                .zip(&kernel.args)
-                .filter(|(_, a)| a.access == Access::Read)
-                .map(|(b, _)| *b)
-                .collect(),
-            Step::Library { inputs, .. } => inputs.clone(),
-        };
-        for b in reads {
-            last_read[b.0 as usize] = Some(s);
-        }
-    }
-    for (_, b) in &program.outputs {
-        last_read[b.0 as usize] = Some(usize::MAX);
-    }
-    let mut bufs: Vec<Option<Storage>> = vec![None; n_bufs];
-    let mut stats = RunStats::default();
-    let mut live = 0usize;
-    for (i, buffer) in program.buffers.iter().enumerate() {
-        let storage = match &buffer.kind {
-            BufferKind::Input(name) => match given.get(name.as_str()) {
-                None => {
-                    return Err(RunError::Input(InterpError::MissingInput {
-                        name: name.clone(),
-                        expected: buffer.ty.clone(),
-                    }))
-                }
-                Some(a) if a.ty() != buffer.ty => {
-                    return Err(RunError::Input(InterpError::InputType {
-                        name: name.clone(),
-                        expected: buffer.ty.clone(),
-                        found: a.ty(),
-                    }))
-                }
-                Some(a) => a.storage().clone(),
-            },
-            BufferKind::Constant(a) => a.storage().clone(),
-            BufferKind::Computed => continue,
-        };
-        live += storage_bytes(&storage);
-        bufs[i] = Some(storage);
-    }
-    stats.peak_bytes = live;
-    for (s, step) in program.steps.iter().enumerate() {
-        match step {
-            Step::Kernel { kernel, args } => {
-                stats.kernels += 1;
-                let mut writes: Vec<Option<Storage>> = kernel
-                    .args
-                    .iter()
-                    .map(|a| {
-                        (a.access == Access::Write)
-                            .then(|| Storage::zeros(a.ty.dtype, a.ty.shape.n_elems()))
-                    })
-                    .collect();
-                let written: usize = writes.iter().flatten().map(storage_bytes).sum();
-                live += written;
-                stats.bytes_written += written;
-                stats.peak_bytes = stats.peak_bytes.max(live);
-                let reads: Vec<Option<&Storage>> = args
-                    .iter()
-                    .zip(&kernel.args)
-                    .map(|(b, a)| {
-                        if a.access == Access::Read {
-                            bufs[b.0 as usize].as_ref()
-                        } else {
-                            None
-                        }
-                    })
-                    .collect();
-                match tiers.get(s) {
-                    Some(Some(Tier::Compiled {
-                        kernel: compiled, ..
-                    })) => {
-                        let ptrs = reads
-                            .iter()
-                            .zip(&writes)
-                            .map(|(r, w)| {
-                                kfuse_cpu::storage_ptr(
-                                    r.or(w.as_ref()).expect("every argument is read or written"),
-                                )
-                            })
-                            .collect();
-                        kfuse_cpu::launch(kernel, compiled, ptrs);
-                    }
-                    _ => {
-                        let mut write_refs: Vec<Option<&mut Storage>> =
-                            writes.iter_mut().map(|w| w.as_mut()).collect();
-                        kfuse_cpu::tile::run_kernel(
-                            kernel,
-                            &reads,
-                            &mut write_refs,
-                            0..kernel.outer_len(),
-                            0..kernel.inner_len(),
-                        )
-                        .map_err(|message| RunError::Step {
-                            step: s,
-                            what: kernel.name.clone(),
-                            message,
-                        })?;
-                    }
-                }
-                for (b, w) in args.iter().zip(writes) {
-                    if let Some(w) = w {
-                        bufs[b.0 as usize] = Some(w);
-                    }
-                }
-            }
-            Step::Library {
-                node,
-                op,
-                inputs,
-                outputs,
-            } => {
-                stats.library_steps += 1;
-                let operands: Vec<Array> = inputs
-                    .iter()
-                    .map(|b| {
-                        let ty = &program.buffer(*b).ty;
-                        let storage = bufs[b.0 as usize]
-                            .clone()
-                            .expect("library inputs are computed first");
-                        Array::new(ty.shape.clone(), storage).expect("buffer matches its type")
-                    })
-                    .collect();
-                let refs: Vec<&Array> = operands.iter().collect();
-                let types: Vec<_> = outputs
-                    .iter()
-                    .map(|b| program.buffer(*b).ty.clone())
-                    .collect();
-                let results =
-                    kfuse_interp::eval_op(op, &types, &refs, custom).map_err(|message| {
-                        RunError::Step {
-                            step: s,
-                            what: format!("%{node} {}", op.name()),
-                            message,
-                        }
-                    })?;
-                for (b, r) in outputs.iter().zip(results) {
-                    let storage = r.into_storage();
-                    live += storage_bytes(&storage);
-                    stats.bytes_written += storage_bytes(&storage);
-                    bufs[b.0 as usize] = Some(storage);
-                }
-                stats.peak_bytes = stats.peak_bytes.max(live);
-            }
-        }
-        for (i, lr) in last_read.iter().enumerate() {
-            if *lr == Some(s) {
-                if let Some(storage) = bufs[i].take() {
-                    live -= storage_bytes(&storage);
-                }
-            }
-        }
-    }
-    let outputs = program
-        .outputs
-        .iter()
-        .map(|(name, b)| {
-            let ty = &program.buffer(*b).ty;
-            let storage = bufs[b.0 as usize].clone().expect("outputs are computed");
-            (
-                name.clone(),
-                Array::new(ty.shape.clone(), storage).expect("buffer matches its type"),
-            )
-        })
-        .collect();
-    Ok((outputs, stats))
+    let mut runner = Runner::new(program, tiers);
+    let stats = runner.run(inputs, custom)?;
+    Ok((runner.outputs(inputs), stats))
 }

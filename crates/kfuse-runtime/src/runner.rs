@@ -1,0 +1,348 @@
+//! Executing a program repeatedly without reallocating: a liveness-based memory plan assigns
+//! every computed buffer to a reusable slot, inputs are read where the caller keeps them, and
+//! slots stay allocated between runs (fresh pages cost page faults on every first touch).
+
+use std::collections::HashMap;
+
+use kfuse_interp::{CustomOps, InterpError};
+use kfuse_ir::{Array, Storage};
+use kfuse_kernel::{Access, BufId, BufferKind, Program, Step};
+
+use crate::{RunError, RunStats, Tier};
+
+/// Which slot each computed buffer lives in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// For every buffer of the program: its slot, or `None` for inputs and constants.
+    pub slot_of: Vec<Option<usize>>,
+    /// Element type and count of each slot.
+    pub slots: Vec<(kfuse_ir::DType, usize)>,
+}
+
+impl MemoryPlan {
+    /// Bytes of all slots.
+    pub fn slot_bytes(&self) -> usize {
+        self.slots.iter().map(|(d, n)| d.size_bytes() * n).sum()
+    }
+}
+
+fn reads_of(step: &Step) -> Vec<BufId> {
+    match step {
+        Step::Kernel { kernel, args } => args
+            .iter()
+            .zip(&kernel.args)
+            .filter(|(_, a)| a.access == Access::Read)
+            .map(|(b, _)| *b)
+            .collect(),
+        Step::Library { inputs, .. } => inputs.clone(),
+    }
+}
+
+fn writes_of(step: &Step) -> Vec<BufId> {
+    match step {
+        Step::Kernel { kernel, args } => args
+            .iter()
+            .zip(&kernel.args)
+            .filter(|(_, a)| a.access == Access::Write)
+            .map(|(b, _)| *b)
+            .collect(),
+        Step::Library { outputs, .. } => outputs.clone(),
+    }
+}
+
+/// Assigns computed buffers to slots: a buffer reuses a slot of the same dtype and size whose
+/// previous occupant is no longer read. A step never reads and writes the same slot.
+pub fn plan_memory(program: &Program) -> MemoryPlan {
+    let n = program.buffers.len();
+    let mut last_read = vec![None; n];
+    for (s, step) in program.steps.iter().enumerate() {
+        for b in reads_of(step) {
+            last_read[b.0 as usize] = Some(s);
+        }
+    }
+    for (_, b) in &program.outputs {
+        last_read[b.0 as usize] = Some(usize::MAX);
+    }
+    let mut slot_of = vec![None; n];
+    let mut slots: Vec<(kfuse_ir::DType, usize)> = Vec::new();
+    // For each slot, the last step that reads its current occupant.
+    let mut busy_until: Vec<Option<usize>> = Vec::new();
+    for (s, step) in program.steps.iter().enumerate() {
+        for b in writes_of(step) {
+            let buffer = program.buffer(b);
+            if buffer.kind != BufferKind::Computed {
+                continue;
+            }
+            let want = (buffer.ty.dtype, buffer.ty.shape.n_elems());
+            let free = (0..slots.len())
+                .find(|&k| slots[k] == want && busy_until[k].is_some_and(|end| end < s));
+            let k = free.unwrap_or_else(|| {
+                slots.push(want);
+                busy_until.push(None);
+                slots.len() - 1
+            });
+            // A buffer nobody reads is dead after the step that writes it.
+            busy_until[k] = Some(last_read[b.0 as usize].unwrap_or(s));
+            slot_of[b.0 as usize] = Some(k);
+        }
+    }
+    MemoryPlan { slot_of, slots }
+}
+
+fn unknown_input(program: &Program, name: &str) -> RunError {
+    let known: Vec<String> = program
+        .buffers
+        .iter()
+        .filter_map(|b| match &b.kind {
+            BufferKind::Input(n) => Some(format!("{n:?}: {}", b.ty)),
+            _ => None,
+        })
+        .collect();
+    let known = if known.is_empty() {
+        "none".into()
+    } else {
+        known.join(", ")
+    };
+    RunError::Input(InterpError::UnknownInput {
+        name: name.to_string(),
+        known,
+    })
+}
+
+/// Runs a program repeatedly, keeping its buffer slots allocated.
+pub struct Runner<'a> {
+    program: &'a Program,
+    tiers: &'a [Option<Tier>],
+    plan: MemoryPlan,
+    slots: Vec<Option<Storage>>,
+}
+
+impl<'a> Runner<'a> {
+    pub fn new(program: &'a Program, tiers: &'a [Option<Tier>]) -> Self {
+        let plan = plan_memory(program);
+        let slots = vec![None; plan.slots.len()];
+        Runner {
+            program,
+            tiers,
+            plan,
+            slots,
+        }
+    }
+
+    pub fn plan(&self) -> &MemoryPlan {
+        &self.plan
+    }
+
+    /// Checks the inputs against the program's input buffers.
+    fn bind<'i>(
+        &self,
+        inputs: &'i [(String, Array)],
+    ) -> Result<Vec<Option<&'i Storage>>, RunError> {
+        let given: HashMap<&str, &Array> = inputs.iter().map(|(n, a)| (n.as_str(), a)).collect();
+        for (name, _) in inputs {
+            if !self
+                .program
+                .buffers
+                .iter()
+                .any(|b| b.kind == BufferKind::Input(name.clone()))
+            {
+                return Err(unknown_input(self.program, name));
+            }
+        }
+        self.program
+            .buffers
+            .iter()
+            .map(|buffer| match &buffer.kind {
+                BufferKind::Input(name) => match given.get(name.as_str()) {
+                    None => Err(RunError::Input(InterpError::MissingInput {
+                        name: name.clone(),
+                        expected: buffer.ty.clone(),
+                    })),
+                    Some(a) if a.ty() != buffer.ty => {
+                        Err(RunError::Input(InterpError::InputType {
+                            name: name.clone(),
+                            expected: buffer.ty.clone(),
+                            found: a.ty(),
+                        }))
+                    }
+                    Some(a) => Ok(Some(a.storage())),
+                },
+                _ => Ok(None),
+            })
+            .collect()
+    }
+
+    /// Runs every step. Outputs stay in the runner's slots; see [`Runner::output`].
+    pub fn run(
+        &mut self,
+        inputs: &[(String, Array)],
+        custom: &CustomOps,
+    ) -> Result<RunStats, RunError> {
+        let bound = self.bind(inputs)?;
+        let program = self.program;
+        let mut stats = RunStats {
+            peak_bytes: self.plan.slot_bytes(),
+            ..RunStats::default()
+        };
+        for buffer in &program.buffers {
+            if buffer.kind != BufferKind::Computed {
+                stats.peak_bytes += buffer.ty.size_bytes();
+            }
+        }
+        for (s, step) in program.steps.iter().enumerate() {
+            // Take the written slots out so that reads can borrow the rest.
+            let writes = writes_of(step);
+            let mut taken: Vec<(usize, Storage)> = Vec::new();
+            for b in &writes {
+                let buffer = program.buffer(*b);
+                let k = self.plan.slot_of[b.0 as usize].expect("written buffers have slots");
+                let storage = match self.slots[k].take() {
+                    Some(st)
+                        if st.dtype() == buffer.ty.dtype
+                            && st.len() == buffer.ty.shape.n_elems() =>
+                    {
+                        st
+                    }
+                    _ => Storage::zeros(buffer.ty.dtype, buffer.ty.shape.n_elems()),
+                };
+                stats.bytes_written += buffer.ty.size_bytes();
+                taken.push((k, storage));
+            }
+            let storage_of = |b: BufId| -> Option<&Storage> {
+                let i = b.0 as usize;
+                match &program.buffers[i].kind {
+                    BufferKind::Input(_) => bound[i],
+                    BufferKind::Constant(a) => Some(a.storage()),
+                    BufferKind::Computed => self.slots
+                        [self.plan.slot_of[i].expect("computed buffers have slots")]
+                    .as_ref(),
+                }
+            };
+            let result = match step {
+                Step::Kernel { kernel, args } => {
+                    stats.kernels += 1;
+                    let mut next_write = taken.iter_mut();
+                    let mut reads: Vec<Option<&Storage>> = Vec::with_capacity(args.len());
+                    let mut write_refs: Vec<Option<&mut Storage>> = Vec::with_capacity(args.len());
+                    for (b, a) in args.iter().zip(&kernel.args) {
+                        if a.access == Access::Read {
+                            reads.push(Some(
+                                storage_of(*b).expect("read buffers are computed before use"),
+                            ));
+                            write_refs.push(None);
+                        } else {
+                            reads.push(None);
+                            write_refs.push(Some(
+                                &mut next_write.next().expect("one slot per written argument").1,
+                            ));
+                        }
+                    }
+                    match self.tiers.get(s) {
+                        Some(Some(Tier::Compiled {
+                            kernel: compiled, ..
+                        })) => {
+                            let ptrs = reads
+                                .iter()
+                                .zip(&write_refs)
+                                .map(|(r, w)| match (r, w) {
+                                    (Some(r), _) => kfuse_cpu::storage_ptr(r),
+                                    (None, Some(w)) => kfuse_cpu::storage_ptr(w),
+                                    (None, None) => {
+                                        unreachable!("every argument is read or written")
+                                    }
+                                })
+                                .collect();
+                            kfuse_cpu::launch(kernel, compiled, ptrs);
+                            Ok(())
+                        }
+                        _ => kfuse_cpu::tile::run_kernel(
+                            kernel,
+                            &reads,
+                            &mut write_refs,
+                            0..kernel.outer_len(),
+                            0..kernel.inner_len(),
+                        )
+                        .map_err(|message| RunError::Step {
+                            step: s,
+                            what: kernel.name.clone(),
+                            message,
+                        }),
+                    }
+                }
+                Step::Library {
+                    node,
+                    op,
+                    inputs: ins,
+                    outputs,
+                } => {
+                    stats.library_steps += 1;
+                    let operands: Vec<Array> = ins
+                        .iter()
+                        .map(|b| {
+                            let ty = &program.buffer(*b).ty;
+                            let storage = storage_of(*b)
+                                .expect("library inputs are computed first")
+                                .clone();
+                            Array::new(ty.shape.clone(), storage).expect("buffer matches its type")
+                        })
+                        .collect();
+                    let refs: Vec<&Array> = operands.iter().collect();
+                    let types: Vec<_> = outputs
+                        .iter()
+                        .map(|b| program.buffer(*b).ty.clone())
+                        .collect();
+                    kfuse_interp::eval_op(op, &types, &refs, custom)
+                        .map(|results| {
+                            for ((_, slot), r) in taken.iter_mut().zip(results) {
+                                *slot = r.into_storage();
+                            }
+                        })
+                        .map_err(|message| RunError::Step {
+                            step: s,
+                            what: format!("%{node} {}", op.name()),
+                            message,
+                        })
+                }
+            };
+            for (k, storage) in taken {
+                self.slots[k] = Some(storage);
+            }
+            result?;
+        }
+        Ok(stats)
+    }
+
+    /// The storage of output `index` after a run (`inputs` as given to that run).
+    pub fn output<'s>(&'s self, index: usize, inputs: &'s [(String, Array)]) -> &'s Storage {
+        let b = self.program.outputs[index].1 .0 as usize;
+        match &self.program.buffers[b].kind {
+            BufferKind::Input(name) => inputs
+                .iter()
+                .find(|(n, _)| n == name)
+                .expect("bound input")
+                .1
+                .storage(),
+            BufferKind::Constant(a) => a.storage(),
+            BufferKind::Computed => self.slots[self.plan.slot_of[b].expect("slot")]
+                .as_ref()
+                .expect("outputs are computed"),
+        }
+    }
+
+    /// Copies of all outputs after a run.
+    pub fn outputs(&self, inputs: &[(String, Array)]) -> Vec<(String, Array)> {
+        self.program
+            .outputs
+            .iter()
+            .enumerate()
+            .map(|(i, (name, b))| {
+                let ty = &self.program.buffer(*b).ty;
+                (
+                    name.clone(),
+                    Array::new(ty.shape.clone(), self.output(i, inputs).clone())
+                        .expect("buffer matches its type"),
+                )
+            })
+            .collect()
+    }
+}
