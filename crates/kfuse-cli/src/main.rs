@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use kfuse::{Array, CustomOps, Graph};
 
 mod demo;
+mod explain;
 
 #[derive(Parser)]
 #[command(
@@ -18,6 +19,44 @@ mod demo;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// How `kfuse run` executes a program.
+#[derive(clap::Args)]
+struct EngineArgs {
+    /// `compiled`: fused kernels (compiled C, or the tile interpreter where C is unavailable);
+    /// `reference`: the reference interpreter, op by op.
+    #[arg(long, value_parser = ["compiled", "reference"], default_value = "compiled")]
+    engine: String,
+    /// Fusion policy for the compiled engine.
+    #[arg(long, value_parser = ["none", "greedy", "cost"], default_value = "cost")]
+    fuse: String,
+    /// `strict`: bit-identical to the reference interpreter; `fast`: FMA contraction and
+    /// reassociation allowed.
+    #[arg(long, value_parser = ["strict", "fast"], default_value = "fast")]
+    numerics: String,
+    /// Run fused kernels on the tile interpreter even where a C compiler exists.
+    #[arg(long)]
+    no_cc: bool,
+}
+
+impl EngineArgs {
+    fn options(&self) -> kfuse::Options {
+        kfuse::Options {
+            policy: kfuse::FusePolicy::from_name(&self.fuse).expect("clap checked the policy"),
+            numerics: if self.numerics == "strict" {
+                kfuse::Numerics::Strict
+            } else {
+                kfuse::Numerics::Fast
+            },
+            backend: if self.no_cc {
+                kfuse::Backend::Tile
+            } else {
+                kfuse::Backend::Auto
+            },
+            ..kfuse::Options::default()
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -35,6 +74,23 @@ enum Command {
         /// Where to write the outputs (created if missing).
         #[arg(long, value_name = "DIR")]
         output_dir: PathBuf,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// Show how a program is cut into kernels: the ops in each, bytes moved fused versus
+    /// unfused, and the reason for every boundary.
+    Explain {
+        /// The program, in the .kf text form.
+        program: PathBuf,
+        /// Fusion policy.
+        #[arg(long, value_parser = ["none", "greedy", "cost"], default_value = "cost")]
+        fuse: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Write the input, the partition, every kernel's IR and its generated C into DIR.
+        #[arg(long, value_name = "DIR")]
+        dump: Option<PathBuf>,
     },
     /// Verify a .kf program and print it with inferred types.
     Check {
@@ -57,7 +113,18 @@ fn main() -> ExitCode {
             inputs,
             npz,
             output_dir,
-        } => run(&program, &inputs, &npz, &output_dir),
+            engine,
+        } => run(&program, &inputs, &npz, &output_dir, &engine),
+        Command::Explain {
+            program,
+            fuse,
+            json,
+            dump,
+        } => load_program(&program).and_then(|g| {
+            let policy = kfuse::FusePolicy::from_name(&fuse).expect("clap checked the policy");
+            print!("{}", explain::explain(&g, policy, json, dump.as_deref())?);
+            Ok(())
+        }),
         Command::Check { program } => check(&program),
         Command::Demo { output_dir } => demo::demo(output_dir.as_deref()),
     };
@@ -81,6 +148,30 @@ fn load_program(path: &Path) -> Result<Graph> {
         )
     })?;
     kfuse::parse_graph(&text).map_err(|e| anyhow::anyhow!(e.in_file(&path.display().to_string())))
+}
+
+/// Says on stderr which tier runs each kernel, and why a kernel is not compiled.
+fn report_tiers(exe: &kfuse::Executable) {
+    let kernels = exe.tiers.iter().flatten().count();
+    let compiled = exe
+        .tiers
+        .iter()
+        .flatten()
+        .filter(|t| matches!(t, kfuse::Tier::Compiled { .. }))
+        .count();
+    let library = exe.tiers.len() - kernels;
+    eprintln!(
+        "engine: compiled ({} numerics, fusion {}): {kernels} fused kernel(s), {compiled} as compiled C, {} on the tile interpreter; {library} library step(s); compile {:.3} s",
+        exe.numerics.name(),
+        exe.partition.policy.name(),
+        kernels - compiled,
+        exe.compile_seconds
+    );
+    for (step, tier) in exe.tiers.iter().enumerate() {
+        if let Some(kfuse::Tier::Tile { reason }) = tier {
+            eprintln!("  step {step} runs on the tile interpreter: {reason}");
+        }
+    }
 }
 
 fn check(path: &Path) -> Result<()> {
@@ -121,7 +212,13 @@ fn output_file(dir: &Path, name: &str) -> Result<PathBuf> {
     Ok(dir.join(format!("{name}.npy")))
 }
 
-fn run(program: &Path, bindings: &[String], npz: &[PathBuf], output_dir: &Path) -> Result<()> {
+fn run(
+    program: &Path,
+    bindings: &[String],
+    npz: &[PathBuf],
+    output_dir: &Path,
+    engine: &EngineArgs,
+) -> Result<()> {
     let graph = load_program(program)?;
     let mut inputs: Vec<(String, Array)> = Vec::new();
     for path in npz {
@@ -144,7 +241,16 @@ fn run(program: &Path, bindings: &[String], npz: &[PathBuf], output_dir: &Path) 
         .iter()
         .map(|o| output_file(output_dir, &o.name))
         .collect::<Result<_>>()?;
-    let outputs = kfuse::run_graph(&graph, &inputs, &CustomOps::new())?;
+    let outputs = if engine.engine == "reference" {
+        eprintln!("engine: reference interpreter");
+        kfuse::run_graph(&graph, &inputs, &CustomOps::new())?
+    } else {
+        let exe = kfuse::compile(&graph, &engine.options(), &kfuse::FixedCostModel::default())?;
+        report_tiers(&exe);
+        exe.run(&inputs, &CustomOps::new())
+            .map_err(kfuse::Error::from)?
+            .0
+    };
     std::fs::create_dir_all(output_dir)
         .with_context(|| format!("cannot create {}", output_dir.display()))?;
     for ((name, array), file) in outputs.iter().zip(&files) {

@@ -130,10 +130,13 @@ fn demo_runs_and_checks_itself() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("argmax agrees with probs: true"), "{text}");
-    // What the demo wrote runs again through `kfuse run` to the same result.
+    // What the demo wrote runs again through `kfuse run`, compiled in strict mode, to bit-identical
+    // results.
     let mut args = vec![
         "run".to_string(),
         dir.join("demo.kf").display().to_string(),
+        "--numerics".into(),
+        "strict".into(),
         "--output-dir".into(),
         dir.join("again").display().to_string(),
     ];
@@ -161,7 +164,7 @@ fn fails_with(args: &[&str], needle: &str) {
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
     assert!(
-        err.starts_with("error: ") && err.contains(needle),
+        err.lines().any(|l| l.starts_with("error: ")) && err.contains(needle),
         "{args:?}: {err}"
     );
     assert!(!err.contains("panicked"), "{args:?}: {err}");
@@ -287,5 +290,123 @@ fn malformed_program_files_never_panic_the_cli() {
             stderr(&o)
         );
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn example(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn explain_shows_kernels_bytes_and_boundaries() {
+    let o = kfuse(&["explain", &example("layernorm.kf")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.starts_with("policy cost; 1 kernel(s) (unfused: 9)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("fused row kernel over [8192, 1024], reducing axes [1]"),
+        "{text}"
+    );
+    assert!(text.contains("%12 (add): graph output"), "{text}");
+
+    let o = kfuse(&["explain", &example("two_outputs.kf"), "--json"]);
+    let doc: serde_json::Value =
+        serde_json::from_slice(&o.stdout).expect("explain --json prints JSON");
+    let kernels = doc["kernels"].as_array().unwrap();
+    assert_eq!(kernels.len(), 1);
+    assert_eq!(
+        kernels[0]["ops"],
+        serde_json::json!(["mul %2", "add %5", "sub %6"])
+    );
+    assert_eq!(kernels[0]["bytes_read"], 2 * 64 << 20);
+    assert_eq!(kernels[0]["bytes_written"], 2 * 64 << 20);
+    assert_eq!(doc["unfused_kernels"], 3);
+
+    let greedy = kfuse(&[
+        "explain",
+        &example("expensive_broadcast.kf"),
+        "--fuse",
+        "greedy",
+        "--json",
+    ]);
+    let cost = kfuse(&["explain", &example("expensive_broadcast.kf"), "--json"]);
+    let count = |o: &Output| {
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["kernels"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    assert_eq!((count(&greedy), count(&cost)), (1, 2));
+
+    let dir = scratch("dump");
+    let o = kfuse(&[
+        "explain",
+        &example("softmax.kf"),
+        "--dump",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for file in ["0-input.kf", "1-partition.txt", "2-k0.kir", "3-k0.c"] {
+        assert!(dir.join(file).exists(), "{file} missing");
+    }
+    assert!(std::fs::read_to_string(dir.join("3-k0.c"))
+        .unwrap()
+        .contains("void kfuse_kernel("));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn run_says_which_tier_ran() {
+    let case = programs().join("integers");
+    let dir = scratch("tiers");
+    let a = format!("a={}", case.join("a.npy").display());
+    let b = format!("b={}", case.join("b.npy").display());
+    let prog = case.join("program.kf");
+    let o = kfuse(&[
+        "run",
+        prog.to_str().unwrap(),
+        "--input",
+        &a,
+        "--input",
+        &b,
+        "--no-cc",
+        "--output-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("0 as compiled C, 1 on the tile interpreter"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        stderr(&o).contains("runs on the tile interpreter: the tile interpreter was requested"),
+        "{}",
+        stderr(&o)
+    );
+    let o = kfuse(&[
+        "run",
+        prog.to_str().unwrap(),
+        "--input",
+        &a,
+        "--input",
+        &b,
+        "--engine",
+        "reference",
+        "--output-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        stderr(&o).contains("engine: reference interpreter"),
+        "{}",
+        stderr(&o)
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

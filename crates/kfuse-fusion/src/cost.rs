@@ -61,6 +61,13 @@ impl Default for FixedCostModel {
     }
 }
 
+impl FixedCostModel {
+    /// The same text as [`CostModel::describe`], without the trait in scope.
+    pub fn describe_fixed(&self) -> String {
+        CostModel::describe(self)
+    }
+}
+
 impl CostModel for FixedCostModel {
     fn memory_seconds(&self, bytes: f64) -> f64 {
         bytes / self.bytes_per_second

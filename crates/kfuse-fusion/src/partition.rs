@@ -165,7 +165,7 @@ pub fn partition(graph: &Graph, policy: FusePolicy, cost: &dyn CostModel) -> Par
     }
     let mut notes = Vec::new();
     loop {
-        let kernels = match form_kernels(graph, &stored) {
+        let kernels = match form_kernels(graph, &stored, policy) {
             Ok(k) => k,
             Err((id, reason)) => {
                 stored.insert(id, reason);
@@ -241,6 +241,7 @@ fn out_shape(graph: &Graph, id: NodeId) -> Shape {
 fn form_kernels(
     graph: &Graph,
     stored: &BTreeMap<NodeId, String>,
+    policy: FusePolicy,
 ) -> Result<Vec<Kernel>, (NodeId, String)> {
     let mut kernels = Vec::new();
     for id in graph.node_ids() {
@@ -271,7 +272,12 @@ fn form_kernels(
             _ => {}
         }
     }
-    Ok(merge(graph, kernels))
+    // Without fusion every op stays its own kernel; otherwise siblings over one domain merge.
+    Ok(if policy == FusePolicy::None {
+        kernels
+    } else {
+        merge(graph, kernels)
+    })
 }
 
 /// The domain of the kernel rooted at `root` with inline `nodes`, checking that every inline

@@ -27,7 +27,8 @@ pub enum RunError {
     #[error(transparent)]
     Input(InterpError),
     /// A step failed at run time (an index out of range, a custom function's error, ...).
-    #[error("step {step} ({what}): {message}")]
+    /// `what` names the graph node (library steps) or the kernel.
+    #[error("{what}: {message}")]
     Step {
         step: usize,
         what: String,

@@ -264,7 +264,7 @@ impl<'a> Runner<'a> {
                         )
                         .map_err(|message| RunError::Step {
                             step: s,
-                            what: kernel.name.clone(),
+                            what: format!("kernel {}", kernel.name),
                             message,
                         }),
                     }
@@ -299,7 +299,7 @@ impl<'a> Runner<'a> {
                         })
                         .map_err(|message| RunError::Step {
                             step: s,
-                            what: format!("%{node} {}", op.name()),
+                            what: format!("node %{node} ({})", op.name()),
                             message,
                         })
                 }

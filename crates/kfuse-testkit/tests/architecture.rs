@@ -24,7 +24,18 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "kfuse-cpu",
         ],
     ),
-    ("kfuse", &["kfuse-ir", "kfuse-interp", "kfuse-npy"]),
+    (
+        "kfuse",
+        &[
+            "kfuse-ir",
+            "kfuse-interp",
+            "kfuse-npy",
+            "kfuse-fusion",
+            "kfuse-kernel",
+            "kfuse-cpu",
+            "kfuse-runtime",
+        ],
+    ),
     ("kfuse-cli", &["kfuse"]),
     ("kfuse-testkit", &["kfuse-ir"]),
 ];

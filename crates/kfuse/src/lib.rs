@@ -25,6 +25,8 @@
 mod nn;
 mod tensor;
 
+pub use kfuse_cpu::Numerics;
+pub use kfuse_fusion::{CostModel, FixedCostModel, FusePolicy};
 pub use kfuse_interp::{CustomOps, InterpError, RunStats};
 pub use kfuse_ir::text::{parse_graph, print_graph, ParseError};
 pub use kfuse_ir::{
@@ -33,7 +35,11 @@ pub use kfuse_ir::{
     Value,
 };
 pub use kfuse_npy as npy;
+pub use kfuse_runtime::{Backend, Executable, Options, Tier};
 pub use tensor::{cat, where_, Context, Tensor};
+pub use {
+    kfuse_cpu as cpu, kfuse_fusion as fusion, kfuse_kernel as kernel, kfuse_runtime as runtime,
+};
 
 /// Errors of the kfuse API.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +56,18 @@ pub enum Error {
     Run(#[from] InterpError),
     #[error(transparent)]
     Npy(#[from] kfuse_npy::NpyError),
+    #[error(transparent)]
+    Compiled(#[from] kfuse_runtime::RunError),
+}
+
+/// Compiles a graph: partition with `options.policy`, lower, and compile kernels (C where
+/// possible, the tile interpreter elsewhere).
+pub fn compile(
+    graph: &Graph,
+    options: &Options,
+    cost: &dyn CostModel,
+) -> Result<Executable, Error> {
+    Ok(kfuse_runtime::compile_with(graph, options, cost)?)
 }
 
 /// Parses `.kf` program text.

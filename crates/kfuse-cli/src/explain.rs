@@ -1,0 +1,182 @@
+//! `kfuse explain`: how a program is cut into kernels, and why.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+use kfuse::fusion::{partition, print_partition, KernelKind, Partition};
+use kfuse::kernel::{lower, Access, Program, Step};
+use kfuse::{FixedCostModel, FusePolicy, Graph};
+use serde_json::json;
+
+/// Bytes a step reads and writes, each argument counted once (its DRAM traffic if nothing stays
+/// in cache between steps).
+fn step_bytes(program: &Program, step: &Step) -> (usize, usize) {
+    match step {
+        Step::Kernel { kernel, .. } => {
+            let (mut r, mut w) = (0, 0);
+            for a in &kernel.args {
+                match a.access {
+                    Access::Read => r += a.ty.size_bytes(),
+                    Access::Write => w += a.ty.size_bytes(),
+                }
+            }
+            (r, w)
+        }
+        Step::Library {
+            inputs, outputs, ..
+        } => (
+            inputs
+                .iter()
+                .map(|b| program.buffer(*b).ty.size_bytes())
+                .sum(),
+            outputs
+                .iter()
+                .map(|b| program.buffer(*b).ty.size_bytes())
+                .sum(),
+        ),
+    }
+}
+
+fn total_bytes(program: &Program) -> usize {
+    program
+        .steps
+        .iter()
+        .map(|s| step_bytes(program, s))
+        .map(|(r, w)| r + w)
+        .sum()
+}
+
+fn kernel_ops(graph: &Graph, p: &Partition, k: usize) -> Vec<String> {
+    p.kernels[k]
+        .nodes
+        .iter()
+        .filter(|n| !matches!(&graph.node(**n).op, kfuse::Op::Constant { .. }))
+        .map(|n| format!("{} %{}", graph.node(*n).op.name(), n.0))
+        .collect()
+}
+
+fn mb(bytes: usize) -> String {
+    format!("{:.3} MB", bytes as f64 / 1e6)
+}
+
+pub fn explain(
+    graph: &Graph,
+    policy: FusePolicy,
+    as_json: bool,
+    dump: Option<&Path>,
+) -> Result<String> {
+    let cost = FixedCostModel::default();
+    let p = partition(graph, policy, &cost);
+    let program = lower(graph, &p)?;
+    let unfused = lower(graph, &partition(graph, FusePolicy::None, &cost))?;
+    let (fused_bytes, unfused_bytes) = (total_bytes(&program), total_bytes(&unfused));
+    if let Some(dir) = dump {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let write = |name: &str, text: &str| {
+            std::fs::write(dir.join(name), text)
+                .with_context(|| format!("cannot write {}", dir.join(name).display()))
+        };
+        write("0-input.kf", &kfuse::print_graph(graph))?;
+        write("1-partition.txt", &print_partition(graph, &p))?;
+        for step in &program.steps {
+            if let Step::Kernel { kernel, .. } = step {
+                write(
+                    &format!("2-{}.kir", kernel.name),
+                    &kfuse::kernel::text::print_kernel(kernel),
+                )?;
+                match kfuse::cpu::c::render(kernel) {
+                    Ok(c) => write(&format!("3-{}.c", kernel.name), &c)?,
+                    Err(u) => write(
+                        &format!("3-{}.c", kernel.name),
+                        &format!(
+                            "/* not rendered: {} (runs on the tile interpreter) */\n",
+                            u.0
+                        ),
+                    )?,
+                }
+            }
+        }
+    }
+    let boundaries: Vec<_> = p.stored.iter().map(|(id, why)| json!({"value": format!("%{}", id.0), "op": graph.node(*id).op.name(), "reason": why})).collect();
+    if as_json {
+        let kernels: Vec<_> = program
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(k, step)| {
+                let (r, w) = step_bytes(&program, step);
+                let (kind, domain, reduce) = match &p.kernels[k].kind {
+                    KernelKind::Fused { domain, reduce } => ("fused", domain.dims().to_vec(), reduce.clone()),
+                    KernelKind::Library => ("library", vec![], vec![]),
+                };
+                json!({
+                    "name": format!("k{k}"),
+                    "kind": kind,
+                    "domain": domain,
+                    "reduce": reduce,
+                    "ops": kernel_ops(graph, &p, k),
+                    "reads": p.kernels[k].inputs.iter().map(|n| format!("%{}", n.0)).collect::<Vec<_>>(),
+                    "writes": p.kernels[k].outputs.iter().map(|n| format!("%{}", n.0)).collect::<Vec<_>>(),
+                    "bytes_read": r,
+                    "bytes_written": w,
+                })
+            })
+            .collect();
+        let doc = json!({
+            "policy": policy.name(),
+            "cost_model": cost.describe_fixed(),
+            "kernels": kernels,
+            "unfused_kernels": unfused.steps.len(),
+            "bytes_fused": fused_bytes,
+            "bytes_unfused": unfused_bytes,
+            "boundaries": boundaries,
+            "notes": p.notes,
+        });
+        return Ok(serde_json::to_string_pretty(&doc)? + "\n");
+    }
+    let mut s = String::new();
+    writeln!(s, "policy {}; {} kernel(s) (unfused: {}); memory traffic {} fused vs {} unfused ({:.1}x less)",
+        policy.name(), program.steps.len(), unfused.steps.len(), mb(fused_bytes), mb(unfused_bytes),
+        unfused_bytes as f64 / fused_bytes.max(1) as f64).unwrap();
+    for (k, step) in program.steps.iter().enumerate() {
+        let (r, w) = step_bytes(&program, step);
+        let head = match &p.kernels[k].kind {
+            KernelKind::Fused { domain, reduce } if reduce.is_empty() => {
+                format!("fused kernel over {domain}")
+            }
+            KernelKind::Fused { domain, reduce } => {
+                format!("fused row kernel over {domain}, reducing axes {reduce:?}")
+            }
+            KernelKind::Library => "library kernel".to_string(),
+        };
+        writeln!(
+            s,
+            "\nk{k}: {head}\n  ops: {}\n  reads {} ({}), writes {} ({})",
+            kernel_ops(graph, &p, k).join(", "),
+            p.kernels[k]
+                .inputs
+                .iter()
+                .map(|n| format!("%{}", n.0))
+                .collect::<Vec<_>>()
+                .join(", "),
+            mb(r),
+            p.kernels[k]
+                .outputs
+                .iter()
+                .map(|n| format!("%{}", n.0))
+                .collect::<Vec<_>>()
+                .join(", "),
+            mb(w)
+        )
+        .unwrap();
+    }
+    writeln!(s, "\nboundaries (values stored to memory):").unwrap();
+    for (id, why) in &p.stored {
+        writeln!(s, "  %{} ({}): {why}", id.0, graph.node(*id).op.name()).unwrap();
+    }
+    for note in &p.notes {
+        writeln!(s, "note: {note}").unwrap();
+    }
+    Ok(s)
+}
