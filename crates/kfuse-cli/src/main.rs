@@ -7,6 +7,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 use kfuse::{Array, CustomOps, Graph};
 
+mod bench;
 mod demo;
 mod explain;
 
@@ -77,6 +78,18 @@ enum Command {
         #[command(flatten)]
         engine: EngineArgs,
     },
+    /// Run the benchmark workloads W0-W4: machine bandwidth, fused versus unfused times.
+    Bench {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Sixteen times smaller sizes and fewer runs (a smoke test, not a measurement).
+        #[arg(long)]
+        quick: bool,
+        /// Only these workloads (W0, W1, W2a, W2b, W3, W4a, W4b).
+        #[arg(value_name = "ID")]
+        only: Vec<String>,
+    },
     /// Show how a program is cut into kernels: the ops in each, bytes moved fused versus
     /// unfused, and the reason for every boundary.
     Explain {
@@ -126,6 +139,7 @@ fn main() -> ExitCode {
             Ok(())
         }),
         Command::Check { program } => check(&program),
+        Command::Bench { json, quick, only } => bench::bench(json, quick, &only),
         Command::Demo { output_dir } => demo::demo(output_dir.as_deref()),
     };
     match result {

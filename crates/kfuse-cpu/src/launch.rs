@@ -1,12 +1,11 @@
-//! Running a compiled kernel over rayon's pool.
+//! Running a compiled kernel over the thread pool.
 
 use std::ffi::c_void;
 
 use kfuse_ir::Storage;
 use kfuse_kernel::Kernel;
-use rayon::prelude::*;
 
-use crate::CompiledKernel;
+use crate::{CompiledKernel, Pool};
 
 /// Work below this many elements runs on the calling thread: splitting costs more than it saves
 /// (roughly 50 us of memory-bound work on one core).
@@ -30,9 +29,15 @@ impl ArgPtrs {
     }
 }
 
-/// Runs `compiled` (rendered from `kernel`) over its whole domain. `args[i]` is the buffer of
-/// kernel argument `i`, sized as the kernel declares.
+/// Runs `compiled` (rendered from `kernel`) over its whole domain on the global pool.
+/// `args[i]` is the buffer of kernel argument `i`, sized as the kernel declares.
 pub fn launch(kernel: &Kernel, compiled: &CompiledKernel, args: Vec<*mut c_void>) {
+    launch_on(Pool::global(), kernel, compiled, args)
+}
+
+/// As [`launch`], on `pool`. Kernels without reductions split their inner range into chunks;
+/// kernels with reductions split their outer range into blocks of rows.
+pub fn launch_on(pool: &Pool, kernel: &Kernel, compiled: &CompiledKernel, args: Vec<*mut c_void>) {
     let f = compiled.function();
     let outer = kernel.outer_len();
     let inner = kernel.inner_len();
@@ -49,21 +54,19 @@ pub fn launch(kernel: &Kernel, compiled: &CompiledKernel, args: Vec<*mut c_void>
             )
         }
     };
-    let threads = rayon::current_num_threads().max(1);
+    let threads = pool.threads();
     let work = outer.saturating_mul(inner.max(1));
     if work < 2 * GRAIN || threads == 1 {
         call(0..outer, 0..inner);
     } else if !kernel.has_reductions() && outer == 1 {
         let chunk = (inner / (4 * threads)).max(GRAIN).next_multiple_of(64);
-        let starts: Vec<usize> = (0..inner).step_by(chunk).collect();
-        starts
-            .par_iter()
-            .for_each(|&s| call(0..1, s..(s + chunk).min(inner)));
+        pool.run(inner.div_ceil(chunk), &|t| {
+            call(0..1, t * chunk..((t + 1) * chunk).min(inner))
+        });
     } else {
         let rows = (outer / (4 * threads)).max(GRAIN / inner.max(1)).max(1);
-        let starts: Vec<usize> = (0..outer).step_by(rows).collect();
-        starts
-            .par_iter()
-            .for_each(|&s| call(s..(s + rows).min(outer), 0..inner));
+        pool.run(outer.div_ceil(rows), &|t| {
+            call(t * rows..((t + 1) * rows).min(outer), 0..inner)
+        });
     }
 }

@@ -1,5 +1,5 @@
 //! The kfuse CPU backend: kernel IR rendered to C, compiled with the system compiler into a cached
-//! shared object and run over rayon; and the tile interpreter, which runs kernel IR directly where
+//! shared object and run on a spin-then-park thread pool; and the tile interpreter, which runs kernel IR directly where
 //! no compiler exists or a kernel cannot be rendered.
 
 pub mod c;
@@ -8,4 +8,6 @@ pub mod tile;
 
 pub use compile::{default_cache_dir, CacheOutcome, CompiledKernel, Compiler, KernelFn, Numerics};
 mod launch;
-pub use launch::{launch, storage_ptr, GRAIN};
+mod pool;
+pub use launch::{launch, launch_on, storage_ptr, GRAIN};
+pub use pool::Pool;

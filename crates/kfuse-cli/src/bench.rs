@@ -1,0 +1,375 @@
+//! `kfuse bench`: the workloads W0-W4 of the project's benchmark list.
+//!
+//! W0 measures this machine's memory bandwidth with STREAM kernels (copy, scale, add, triad;
+//! ordinary and non-temporal stores; one and two threads) compiled by the same C compiler path as
+//! kfuse's kernels. W1-W4 run fused (compiled, fast numerics, cost policy) and unfused (the
+//! reference interpreter, one materialized result per op), check the fused result against the
+//! unfused one, and report medians, effective bandwidth (the workload's fused bytes over the
+//! median time) and its fraction of the W0 triad bandwidth.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context as _, Result};
+use kfuse::cpu::{launch_on, storage_ptr, Compiler, Numerics, Pool};
+use kfuse::kernel::{Access, Arg, Kernel};
+use kfuse::{Array, CustomOps, DType, FixedCostModel, Storage, TensorType};
+use serde_json::json;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).expect("times are finite"));
+    v[v.len() / 2]
+}
+
+/// Times `f` `runs` times after one warm-up run; returns the median seconds.
+fn time(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    let mut t = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let start = Instant::now();
+        f()?;
+        t.push(start.elapsed().as_secs_f64());
+    }
+    Ok(median(t))
+}
+
+const STREAM_SOURCE: &str = r#"
+#include <stdint.h>
+#include <immintrin.h>
+/* STREAM-style kernels over [j_lo, j_hi); args: a (written), b, c; KIND selects the kernel. */
+void kfuse_kernel(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi) {
+    (void)o_lo; (void)o_hi;
+    float *restrict a = (float *)args[0];
+    const float *restrict b = (const float *)args[1];
+    const float *restrict c = (const float *)args[2];
+    const float q = 3.0f;
+#if STREAMING
+    int64_t j = j_lo;
+    for (; j < j_hi && ((uintptr_t)(a + j) & 63); j++) a[j] = KIND_EXPR;
+    for (; j + 16 <= j_hi; j += 16) {
+        __m512 bv = _mm512_loadu_ps(b + j), cv = _mm512_loadu_ps(c + j), qv = _mm512_set1_ps(q);
+        (void)bv; (void)cv; (void)qv;
+        _mm512_stream_ps(a + j, VEC_EXPR);
+    }
+    for (; j < j_hi; j++) a[j] = KIND_EXPR;
+    _mm_sfence();
+#else
+    for (int64_t j = j_lo; j < j_hi; j++) a[j] = KIND_EXPR;
+#endif
+}
+"#;
+
+struct StreamKernel {
+    name: &'static str,
+    scalar: &'static str,
+    vector: &'static str,
+    /// Bytes counted per element (STREAM's convention: no write-allocate traffic).
+    bytes: usize,
+}
+
+const STREAM: [StreamKernel; 4] = [
+    StreamKernel {
+        name: "copy",
+        scalar: "b[j]",
+        vector: "bv",
+        bytes: 8,
+    },
+    StreamKernel {
+        name: "scale",
+        scalar: "q * b[j]",
+        vector: "_mm512_mul_ps(qv, bv)",
+        bytes: 8,
+    },
+    StreamKernel {
+        name: "add",
+        scalar: "b[j] + c[j]",
+        vector: "_mm512_add_ps(bv, cv)",
+        bytes: 12,
+    },
+    StreamKernel {
+        name: "triad",
+        scalar: "b[j] + q * c[j]",
+        vector: "_mm512_add_ps(bv, _mm512_mul_ps(qv, cv))",
+        bytes: 12,
+    },
+];
+
+/// W0: STREAM bandwidth in GB/s for each kernel, store kind and thread count.
+fn stream(compiler: &Compiler, n: usize, runs: usize) -> Result<Vec<serde_json::Value>> {
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    let a = Storage::F32(vec![0.0; n]);
+    let b = Storage::F32(vec![1.0; n]);
+    let c = Storage::F32(vec![2.0; n]);
+    let ty = TensorType::new(DType::F32, [n]);
+    let kernel = Kernel {
+        name: "stream".into(),
+        outer: vec![],
+        inner: vec![n],
+        args: vec![
+            Arg {
+                ty: ty.clone(),
+                access: Access::Write,
+            },
+            Arg {
+                ty: ty.clone(),
+                access: Access::Read,
+            },
+            Arg {
+                ty,
+                access: Access::Read,
+            },
+        ],
+        insts: vec![],
+    };
+    let mut rows = Vec::new();
+    for k in &STREAM {
+        for streaming in [false, true] {
+            if streaming && !avx512 {
+                continue;
+            }
+            let source = format!(
+                "#define KIND_EXPR ({})\n#define VEC_EXPR ({})\n#define STREAMING {}\n{STREAM_SOURCE}",
+                k.scalar, k.vector, streaming as u8
+            );
+            let (compiled, _) = compiler
+                .compile(&source, Numerics::Fast)
+                .map_err(anyhow::Error::msg)?;
+            for threads in [1usize, 2] {
+                let pool = Pool::new(threads);
+                let ptrs = || vec![storage_ptr(&a), storage_ptr(&b), storage_ptr(&c)];
+                let secs = time(runs, || {
+                    launch_on(&pool, &kernel, &compiled, ptrs());
+                    Ok(())
+                })?;
+                rows.push(json!({
+                    "kernel": k.name,
+                    "stores": if streaming { "streaming" } else { "ordinary" },
+                    "threads": threads,
+                    "gb_per_s": (k.bytes * n) as f64 / secs / 1e9,
+                }));
+            }
+        }
+    }
+    Ok(rows)
+}
+
+struct Workload {
+    id: &'static str,
+    what: &'static str,
+    program: String,
+    fused_bytes: f64,
+    /// Max |fused - unfused| / max |unfused| allowed.
+    tolerance: f64,
+}
+
+fn workloads(scale: usize) -> Vec<Workload> {
+    let n = 16_777_216 / scale;
+    let (sr, sc) = (4096 / scale.min(4096), 4096);
+    let (lr, lc) = (8192 / scale.min(8192), 1024);
+    vec![
+        Workload {
+            id: "W1",
+            what: "log(exp(x) + 1)",
+            program: format!("%x = input() name=\"x\" : f32[{n}]\n%e = exp(%x)\n%one = constant() value=1.0 : f32[]\n%p = add(%e, %one)\n%y = log(%p)\noutput \"y\" = %y\n"),
+            fused_bytes: 8.0 * n as f64,
+            tolerance: 1e-5,
+        },
+        Workload {
+            id: "W2a",
+            what: "tanh(0.5 x + 0.1)",
+            program: format!("%x = input() name=\"x\" : f32[{n}]\n%h = constant() value=0.5 : f32[]\n%c = constant() value=0.1 : f32[]\n%a = mul(%x, %h)\n%b = add(%a, %c)\n%y = tanh(%b)\noutput \"y\" = %y\n"),
+            fused_bytes: 8.0 * n as f64,
+            tolerance: 1e-5,
+        },
+        Workload {
+            id: "W2b",
+            what: "max(tanh(0.5 x + 0.1) x - 0.3, 0)",
+            program: format!("%x = input() name=\"x\" : f32[{n}]\n%h = constant() value=0.5 : f32[]\n%c = constant() value=0.1 : f32[]\n%d = constant() value=0.3 : f32[]\n%z = constant() value=0.0 : f32[]\n%a = mul(%x, %h)\n%b = add(%a, %c)\n%t = tanh(%b)\n%m = mul(%t, %x)\n%s = sub(%m, %d)\n%y = max(%s, %z)\noutput \"y\" = %y\n"),
+            fused_bytes: 8.0 * n as f64,
+            tolerance: 1e-5,
+        },
+        Workload {
+            id: "W3",
+            what: "t = x y; t + 0.25; t - 0.75",
+            program: format!("%x = input() name=\"x\" : f32[{n}]\n%y = input() name=\"y\" : f32[{n}]\n%t = mul(%x, %y)\n%a = constant() value=0.25 : f32[]\n%b = constant() value=0.75 : f32[]\n%z1 = add(%t, %a)\n%z2 = sub(%t, %b)\noutput \"z1\" = %z1\noutput \"z2\" = %z2\n"),
+            fused_bytes: 16.0 * n as f64,
+            tolerance: 1e-6,
+        },
+        Workload {
+            id: "W4a",
+            what: "row softmax",
+            program: format!("%x = input() name=\"x\" : f32[{sr}, {sc}]\n%m = reduce_max(%x) axes=[1] keepdims=true\n%d = sub(%x, %m)\n%e = exp(%d)\n%s = reduce_sum(%e) axes=[1] keepdims=true\n%y = div(%e, %s)\noutput \"y\" = %y\n"),
+            fused_bytes: 8.0 * (sr * sc) as f64,
+            tolerance: 1e-4,
+        },
+        Workload {
+            id: "W4b",
+            what: "row layernorm x gamma + beta",
+            program: format!("%x = input() name=\"x\" : f32[{lr}, {lc}]\n%g = input() name=\"gamma\" : f32[{lc}]\n%b = input() name=\"beta\" : f32[{lc}]\n%mu = reduce_mean(%x) axes=[1] keepdims=true\n%d = sub(%x, %mu)\n%d2 = mul(%d, %d)\n%var = reduce_mean(%d2) axes=[1] keepdims=true\n%eps = constant() value=1e-5 : f32[]\n%ve = add(%var, %eps)\n%r = rsqrt(%ve)\n%n = mul(%d, %r)\n%ng = mul(%n, %g)\n%y = add(%ng, %b)\noutput \"y\" = %y\n"),
+            fused_bytes: 8.0 * (lr * lc) as f64 + 8.0 * lc as f64,
+            tolerance: 1e-4,
+        },
+    ]
+}
+
+/// Random normal inputs from kfuse's counter-based generator.
+fn inputs_for(graph: &kfuse::Graph) -> Result<Vec<(String, Array)>> {
+    let cx = kfuse::Context::new();
+    cx.set_seed(7);
+    graph
+        .inputs()
+        .map(|(_, name, ty)| {
+            Ok((
+                name.to_string(),
+                cx.randn(ty.dtype, ty.shape.dims()).to_array()?,
+            ))
+        })
+        .collect()
+}
+
+fn relative_error(got: &Array, want: &Array) -> f64 {
+    let (mut err, mut scale) = (0.0f64, 0.0f64);
+    for i in 0..want.n_elems() {
+        err = err.max((got.get_f64(i) - want.get_f64(i)).abs());
+        scale = scale.max(want.get_f64(i).abs());
+    }
+    err / scale.max(f64::MIN_POSITIVE)
+}
+
+pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
+    let cache = std::env::temp_dir().join(format!("kfuse-bench-cache-{}", std::process::id()));
+    let compiler = Compiler::detect(cache.clone())
+        .map_err(anyhow::Error::msg)
+        .context("kfuse bench needs a C compiler")?;
+    let (scale, runs) = if quick { (16, 3) } else { (1, 10) };
+    let threads = Pool::global().threads();
+    let mut report =
+        json!({"machine": {"threads": threads, "compiler": compiler.version}, "runs": runs});
+    let stream_rows = if only.is_empty() || only.iter().any(|w| w == "W0") {
+        let rows = stream(&compiler, (32 << 20) / scale, runs)?;
+        if !as_json {
+            println!("W0 STREAM (GB/s, median of {runs}):");
+            for r in &rows {
+                println!(
+                    "  {:5} {:9} stores, {} thread(s): {:6.2}",
+                    r["kernel"].as_str().unwrap(),
+                    r["stores"].as_str().unwrap(),
+                    r["threads"],
+                    r["gb_per_s"].as_f64().unwrap()
+                );
+            }
+        }
+        rows
+    } else {
+        vec![]
+    };
+    let triad = stream_rows
+        .iter()
+        .filter(|r| {
+            r["kernel"] == "triad" && r["stores"] == "ordinary" && r["threads"] == threads.min(2)
+        })
+        .map(|r| r["gb_per_s"].as_f64().unwrap())
+        .next();
+    report["w0"] = json!(stream_rows);
+    report["w0_triad_gb_per_s"] = json!(triad);
+    let mut results = Vec::new();
+    for w in workloads(scale) {
+        if !only.is_empty() && !only.iter().any(|o| o == w.id) {
+            continue;
+        }
+        let graph = kfuse::parse(&w.program)?;
+        let inputs = inputs_for(&graph)?;
+        let cost = FixedCostModel::default();
+        let options = kfuse::Options {
+            cache_dir: cache.join(format!("cold-{}", w.id)),
+            ..kfuse::Options::default()
+        };
+        let cold = kfuse::compile(&graph, &options, &cost)?;
+        let cached = kfuse::compile(&graph, &options, &cost)?;
+        if cached
+            .tiers
+            .iter()
+            .flatten()
+            .any(|t| !matches!(t, kfuse::Tier::Compiled { cached: true, .. }))
+        {
+            bail!("{}: second compile did not come from the cache", w.id);
+        }
+        let mut runner = cached.runner();
+        let fused = time(runs, || {
+            runner
+                .run(&inputs, &CustomOps::new())
+                .map(|_| ())
+                .map_err(Into::into)
+        })?;
+        let fused_out = runner.outputs(&inputs);
+        let unfused_runs = if quick { 1 } else { 3 };
+        let mut reference = Vec::new();
+        let unfused = time(unfused_runs, || {
+            reference = kfuse::run_graph(&graph, &inputs, &CustomOps::new())?;
+            Ok(())
+        })?;
+        let error = fused_out
+            .iter()
+            .zip(&reference)
+            .map(|((_, g), (_, r))| relative_error(g, r))
+            .fold(0.0, f64::max);
+        if error > w.tolerance {
+            bail!(
+                "{}: fused result is off by {error:e} (tolerance {:e})",
+                w.id,
+                w.tolerance
+            );
+        }
+        let gbs = w.fused_bytes / fused / 1e9;
+        let row = json!({
+            "id": w.id,
+            "what": w.what,
+            "kernels": cached.tiers.iter().flatten().count(),
+            "fused_ms": fused * 1e3,
+            "unfused_ms": unfused * 1e3,
+            "speedup": unfused / fused,
+            "gb_per_s": gbs,
+            "fraction_of_w0": triad.map(|t| gbs / t),
+            "compile_cold_ms": cold.compile_seconds * 1e3,
+            "compile_cached_ms": cached.compile_seconds * 1e3,
+            "max_relative_error": error,
+        });
+        if !as_json {
+            if results.is_empty() {
+                println!(
+                    "\n{:4} {:36} {:>7} {:>10} {:>10} {:>8} {:>7} {:>8} {:>10} {:>10}",
+                    "id",
+                    "workload",
+                    "kernels",
+                    "fused ms",
+                    "unfused ms",
+                    "speedup",
+                    "GB/s",
+                    "% of W0",
+                    "cold ms",
+                    "cached ms"
+                );
+            }
+            let pct = triad.map_or("-".to_string(), |t| format!("{:.0}%", 100.0 * gbs / t));
+            println!(
+                "{:4} {:36} {:>7} {:>10.2} {:>10.1} {:>7.1}x {:>7.1} {:>8} {:>10.1} {:>10.2}",
+                w.id,
+                w.what,
+                row["kernels"],
+                fused * 1e3,
+                unfused * 1e3,
+                unfused / fused,
+                gbs,
+                pct,
+                cold.compile_seconds * 1e3,
+                cached.compile_seconds * 1e3
+            );
+        }
+        results.push(row);
+    }
+    report["workloads"] = json!(results);
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    let _ = std::fs::remove_dir_all(&cache);
+    Ok(())
+}
