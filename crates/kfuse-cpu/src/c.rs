@@ -284,18 +284,105 @@ fn statement(kernel: &Kernel, i: usize) -> Result<String, Unsupported> {
     Ok(format!("{} v{i} = {e};", ctype(d)))
 }
 
-/// Which inner-level instructions computing `roots` must run in a pass.
-fn pass_set(kernel: &Kernel, levels: &[Level], roots: &[InstId]) -> Vec<bool> {
-    let mut need = vec![false; kernel.insts.len()];
-    let mut stack = roots.to_vec();
-    while let Some(id) = stack.pop() {
-        if need[id.index()] || levels[id.index()] != Level::Inner {
-            continue;
-        }
-        need[id.index()] = true;
-        stack.extend(kernel.insts[id.index()].operands());
+/// Whether recomputing an inner-level value costs more than reloading it from a row scratch
+/// array: its computation includes a transcendental, a division or a power.
+fn expensive(kernel: &Kernel, levels: &[Level], id: InstId, memo: &mut Vec<Option<bool>>) -> bool {
+    if let Some(e) = memo[id.index()] {
+        return e;
     }
-    need
+    let inst = kernel.insts[id.index()];
+    let own = match inst.kind {
+        InstKind::Unary(u, _) => !matches!(
+            u,
+            UnaryOp::Neg
+                | UnaryOp::Abs
+                | UnaryOp::Relu
+                | UnaryOp::Not
+                | UnaryOp::Sign
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::Round
+        ),
+        InstKind::Binary(b, _, _) => matches!(b, BinaryOp::Div | BinaryOp::Pow | BinaryOp::Rem),
+        _ => false,
+    };
+    let e = own
+        || inst
+            .operands()
+            .into_iter()
+            .any(|o| levels[o.index()] == Level::Inner && expensive(kernel, levels, o, memo));
+    memo[id.index()] = Some(e);
+    e
+}
+
+/// The inner-level work of each pass over the inner space (one per reduction, in order, then
+/// the final pass for inner-level stores): which instructions it computes, which it reloads
+/// from a row scratch array, and which it saves there for later passes.
+struct Passes {
+    compute: Vec<Vec<bool>>,
+    reload: Vec<Vec<bool>>,
+    save: Vec<Vec<bool>>,
+}
+
+fn plan_passes(kernel: &Kernel, levels: &[Level], roots: &[Vec<InstId>]) -> Passes {
+    let n = kernel.insts.len();
+    let mut memo = vec![None; n];
+    let mut first_pass: Vec<Option<usize>> = vec![None; n];
+    let mut passes = Passes {
+        compute: vec![vec![false; n]; roots.len()],
+        reload: vec![vec![false; n]; roots.len()],
+        save: vec![vec![false; n]; roots.len()],
+    };
+    for (p, pass_roots) in roots.iter().enumerate() {
+        let mut stack = pass_roots.clone();
+        while let Some(id) = stack.pop() {
+            let i = id.index();
+            if levels[i] != Level::Inner || passes.compute[p][i] || passes.reload[p][i] {
+                continue;
+            }
+            if let Some(earlier) = first_pass[i] {
+                if earlier < p && expensive(kernel, levels, id, &mut memo) {
+                    passes.reload[p][i] = true;
+                    passes.save[earlier][i] = true;
+                    continue;
+                }
+            }
+            passes.compute[p][i] = true;
+            stack.extend(kernel.insts[i].operands());
+        }
+        for i in 0..n {
+            if passes.compute[p][i] && first_pass[i].is_none() {
+                first_pass[i] = Some(p);
+            }
+        }
+    }
+    passes
+}
+
+/// The statements of one pass's loop body.
+fn pass_body(
+    kernel: &Kernel,
+    passes: &Passes,
+    p: usize,
+    indent: &str,
+) -> Result<String, Unsupported> {
+    let mut body = String::new();
+    for k in 0..kernel.insts.len() {
+        if passes.reload[p][k] {
+            writeln!(
+                body,
+                "{indent}{} v{k} = scratch{k}[j];",
+                ctype(kernel.insts[k].dtype)
+            )
+            .unwrap();
+        } else if passes.compute[p][k] {
+            writeln!(body, "{indent}{}", statement(kernel, k)?).unwrap();
+            if passes.save[p][k] {
+                writeln!(body, "{indent}scratch{k}[j] = v{k};").unwrap();
+            }
+        }
+    }
+    Ok(body)
 }
 
 fn combine(op: ReduceOp, d: DType, a: &str, b: &str) -> String {
@@ -368,26 +455,46 @@ pub fn render(kernel: &Kernel) -> Result<String, Unsupported> {
             Access::Write => writeln!(s, "    {t} *restrict a{i} = ({t} *)args[{i}];").unwrap(),
         }
     }
-    s.push_str("    (void)j_lo; (void)j_hi;\n    for (int64_t o = o_lo; o < o_hi; o++) {\n");
     let inner_stores: Vec<InstId> = (0..kernel.insts.len())
         .filter(|&i| {
             matches!(kernel.insts[i].kind, InstKind::Store { .. }) && levels[i] == Level::Inner
         })
         .map(|i| InstId(i as u32))
         .collect();
+    let mut roots: Vec<Vec<InstId>> = kernel
+        .insts
+        .iter()
+        .filter_map(|inst| match inst.kind {
+            InstKind::Reduce { value, .. } => Some(vec![value]),
+            _ => None,
+        })
+        .collect();
+    roots.push(inner_stores.clone());
+    let passes = plan_passes(kernel, &levels, &roots);
+    let final_pass = roots.len() - 1;
+    // Row scratch arrays for values computed in one pass and reloaded in later ones.
+    let scratch: Vec<usize> = (0..kernel.insts.len())
+        .filter(|&k| passes.save.iter().any(|p| p[k]))
+        .collect();
+    for &k in &scratch {
+        let t = ctype(kernel.insts[k].dtype);
+        writeln!(
+            s,
+            "    {t} *scratch{k} = ({t} *)malloc(sizeof({t}) * {});",
+            n_inner.max(1)
+        )
+        .unwrap();
+    }
+    s.push_str("    (void)j_lo; (void)j_hi;\n    for (int64_t o = o_lo; o < o_hi; o++) {\n");
+    let mut pass = 0;
     for i in 0..kernel.insts.len() {
         if levels[i] == Level::Inner {
             continue;
         }
         let inst = kernel.insts[i];
         if let InstKind::Reduce { op, value } = inst.kind {
-            let need = pass_set(kernel, &levels, &[value]);
-            let mut body = String::new();
-            for (k, &needed) in need.iter().enumerate() {
-                if needed {
-                    writeln!(body, "                {}", statement(kernel, k)?).unwrap();
-                }
-            }
+            let body = pass_body(kernel, &passes, pass, "                ")?;
+            pass += 1;
             let d = inst.dtype;
             let vd = kernel.inst(value).dtype;
             if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) {
@@ -400,7 +507,7 @@ pub fn render(kernel: &Kernel) -> Result<String, Unsupported> {
             }
             let t = ctype(d);
             let id = identity(op, d);
-            let c = combine(op, d, &format!("acc[l]"), &v(value));
+            let c = combine(op, d, "acc[l]", &v(value));
             writeln!(s, "        {t} v{i};\n        {{\n            {t} acc[16];\n            for (int l = 0; l < 16; l++) acc[l] = {id};").unwrap();
             writeln!(s, "            int64_t jb = 0;\n            for (; jb + 16 <= {n_inner}; jb += 16) {{\n                for (int l = 0; l < 16; l++) {{\n                    int64_t j = jb + l;").unwrap();
             for line in body.lines() {
@@ -419,15 +526,14 @@ pub fn render(kernel: &Kernel) -> Result<String, Unsupported> {
         writeln!(s, "        {}", statement(kernel, i)?).unwrap();
     }
     if !inner_stores.is_empty() {
-        let need = pass_set(kernel, &levels, &inner_stores);
         s.push_str("        for (int64_t j = j_lo; j < j_hi; j++) {\n");
-        for (k, &needed) in need.iter().enumerate() {
-            if needed {
-                writeln!(s, "            {}", statement(kernel, k)?).unwrap();
-            }
-        }
+        s.push_str(&pass_body(kernel, &passes, final_pass, "            ")?);
         s.push_str("        }\n");
     }
-    s.push_str("    }\n}\n");
+    s.push_str("    }\n");
+    for &k in &scratch {
+        writeln!(s, "    free(scratch{k});").unwrap();
+    }
+    s.push_str("}\n");
     Ok(s)
 }
