@@ -63,10 +63,11 @@ fn mb(bytes: usize) -> String {
 pub fn explain(
     graph: &Graph,
     policy: FusePolicy,
+    cost: &FixedCostModel,
     as_json: bool,
     dump: Option<&Path>,
 ) -> Result<String> {
-    let cost = FixedCostModel::default();
+    let cost = cost.clone();
     let p = partition(graph, policy, &cost);
     let program = lower(graph, &p)?;
     let unfused = lower(graph, &partition(graph, FusePolicy::None, &cost))?;
@@ -136,7 +137,10 @@ pub fn explain(
         return Ok(serde_json::to_string_pretty(&doc)? + "\n");
     }
     let mut s = String::new();
-    writeln!(s, "policy {}; {} kernel(s) (unfused: {}); memory traffic {} fused vs {} unfused ({:.1}x less)",
+    writeln!(s, "cost model: {}", cost.describe_fixed()).unwrap();
+    writeln!(
+        s,
+        "policy {}; {} kernel(s) (unfused: {}); memory traffic {} fused vs {} unfused ({:.1}x less)",
         policy.name(), program.steps.len(), unfused.steps.len(), mb(fused_bytes), mb(unfused_bytes),
         unfused_bytes as f64 / fused_bytes.max(1) as f64).unwrap();
     for (k, step) in program.steps.iter().enumerate() {

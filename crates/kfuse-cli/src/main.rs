@@ -39,6 +39,14 @@ struct EngineArgs {
     /// Run fused kernels on the tile interpreter even where a C compiler exists.
     #[arg(long)]
     no_cc: bool,
+    /// `calibrated`: coefficients measured on this machine (once, then cached); `fixed`: the
+    /// reference machine's, for reproducible partitions.
+    #[arg(long, value_parser = ["calibrated", "fixed"], default_value = "calibrated")]
+    cost_model: String,
+    /// Write a Chrome trace (chrome://tracing, Perfetto) of the run to FILE, and print each
+    /// step's time and traffic.
+    #[arg(long, value_name = "FILE")]
+    profile: Option<PathBuf>,
 }
 
 impl EngineArgs {
@@ -101,6 +109,9 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Cost model: `calibrated` (measured on this machine, cached) or `fixed`.
+        #[arg(long, value_parser = ["calibrated", "fixed"], default_value = "calibrated")]
+        cost_model: String,
         /// Write the input, the partition, every kernel's IR and its generated C into DIR.
         #[arg(long, value_name = "DIR")]
         dump: Option<PathBuf>,
@@ -132,10 +143,15 @@ fn main() -> ExitCode {
             program,
             fuse,
             json,
+            cost_model,
             dump,
         } => load_program(&program).and_then(|g| {
             let policy = kfuse::FusePolicy::from_name(&fuse).expect("clap checked the policy");
-            print!("{}", explain::explain(&g, policy, json, dump.as_deref())?);
+            let cost = cost_model_named(&cost_model);
+            print!(
+                "{}",
+                explain::explain(&g, policy, &cost, json, dump.as_deref())?
+            );
             Ok(())
         }),
         Command::Check { program } => check(&program),
@@ -162,6 +178,52 @@ fn load_program(path: &Path) -> Result<Graph> {
         )
     })?;
     kfuse::parse_graph(&text).map_err(|e| anyhow::anyhow!(e.in_file(&path.display().to_string())))
+}
+
+/// The cost model by name; a failed calibration falls back to the fixed coefficients.
+fn cost_model_named(name: &str) -> kfuse::FixedCostModel {
+    if name == "fixed" {
+        return kfuse::FixedCostModel::default();
+    }
+    match kfuse::runtime::calibrated_cost_model(&kfuse::cpu::default_cache_dir()) {
+        Ok(model) => model,
+        Err(e) => {
+            eprintln!("note: calibration failed ({e}); using the fixed cost model");
+            kfuse::FixedCostModel::default()
+        }
+    }
+}
+
+/// Writes the run's steps as a Chrome trace and prints them.
+fn write_profile(path: &Path, stats: &kfuse::runtime::RunStats) -> Result<()> {
+    let events: Vec<serde_json::Value> = stats
+        .profile
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "name": p.name, "cat": p.tier, "ph": "X", "pid": 1, "tid": 1,
+                "ts": p.start_us, "dur": p.duration_us,
+                "args": {"bytes_read": p.bytes_read, "bytes_written": p.bytes_written},
+            })
+        })
+        .collect();
+    let trace = serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"});
+    std::fs::write(path, serde_json::to_string(&trace)?)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!(
+        "profile ({} steps, peak {} bytes) -> {}",
+        stats.profile.len(),
+        stats.peak_bytes,
+        path.display()
+    );
+    for p in &stats.profile {
+        let gbs = (p.bytes_read + p.bytes_written) as f64 / (p.duration_us * 1e3).max(1e-9);
+        eprintln!(
+            "  {:16} {:16} {:10.1} us  {:>12} B read  {:>12} B written  {:6.1} GB/s",
+            p.name, p.tier, p.duration_us, p.bytes_read, p.bytes_written, gbs
+        );
+    }
+    Ok(())
 }
 
 /// Says on stderr which tier runs each kernel, and why a kernel is not compiled.
@@ -259,11 +321,19 @@ fn run(
         eprintln!("engine: reference interpreter");
         kfuse::run_graph(&graph, &inputs, &CustomOps::new())?
     } else {
-        let exe = kfuse::compile(&graph, &engine.options(), &kfuse::FixedCostModel::default())?;
+        let exe = kfuse::compile(
+            &graph,
+            &engine.options(),
+            &cost_model_named(&engine.cost_model),
+        )?;
         report_tiers(&exe);
-        exe.run(&inputs, &CustomOps::new())
-            .map_err(kfuse::Error::from)?
-            .0
+        let (outputs, stats) = exe
+            .run(&inputs, &CustomOps::new())
+            .map_err(kfuse::Error::from)?;
+        if let Some(path) = &engine.profile {
+            write_profile(path, &stats)?;
+        }
+        outputs
     };
     std::fs::create_dir_all(output_dir)
         .with_context(|| format!("cannot create {}", output_dir.display()))?;

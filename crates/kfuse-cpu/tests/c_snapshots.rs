@@ -15,7 +15,11 @@ fn generated_c() {
             return Err(format!("bad header {header:?}"));
         }
         let graph = parse_graph(input).map_err(|e| e.to_string())?;
-        let program = lower(&graph, &partition(&graph, FusePolicy::Cost, &FixedCostModel::default())).map_err(|e| e.to_string())?;
+        let program = lower(
+            &graph,
+            &partition(&graph, FusePolicy::Cost, &FixedCostModel::default()),
+        )
+        .map_err(|e| e.to_string())?;
         let mut out = String::new();
         for step in &program.steps {
             if let Step::Kernel { kernel, .. } = step {

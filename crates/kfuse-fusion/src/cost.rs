@@ -84,7 +84,7 @@ impl CostModel for FixedCostModel {
 
     fn describe(&self) -> String {
         format!(
-            "fixed: {:.1} GB/s, {:.2} ns per op-weight element, {:.1} us per kernel",
+            "{:.1} GB/s, {:.3} ns per op-weight element, {:.1} us per kernel",
             self.bytes_per_second / 1e9,
             self.seconds_per_weight * 1e9,
             self.kernel_seconds * 1e6

@@ -9,11 +9,13 @@
 //! (matmul, convolution, sort, ...) run the reference interpreter's implementation of the op on
 //! whole buffers.
 
+pub use calibrate::{calibrate, calibrated_cost_model};
 use kfuse_cpu::{CacheOutcome, CompiledKernel, Compiler, Numerics};
 use kfuse_fusion::{partition, CostModel, FusePolicy, Partition};
 use kfuse_interp::{CustomOps, InterpError};
 pub use runner::{plan_memory, MemoryPlan, Runner};
 
+mod calibrate;
 mod runner;
 use kfuse_ir::{Array, Graph};
 use kfuse_kernel::{lower, LowerError, Program, Step};
@@ -180,7 +182,7 @@ pub fn compile_with(
 }
 
 /// Figures about one execution.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RunStats {
     pub kernels: usize,
     pub library_steps: usize,
@@ -188,6 +190,22 @@ pub struct RunStats {
     pub bytes_written: usize,
     /// Bytes of the reusable buffer slots the memory planner allocated, plus inputs and constants.
     pub peak_bytes: usize,
+    /// One entry per step, in execution order.
+    pub profile: Vec<StepProfile>,
+}
+
+/// Time and traffic of one step of a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepProfile {
+    /// `k3` for kernels, `%7 matmul` for library steps.
+    pub name: String,
+    /// `compiled C`, `tile interpreter` or `library`.
+    pub tier: &'static str,
+    /// Microseconds from the start of the run.
+    pub start_us: f64,
+    pub duration_us: f64,
+    pub bytes_read: usize,
+    pub bytes_written: usize,
 }
 
 impl Executable {

@@ -8,7 +8,7 @@ use kfuse_interp::{CustomOps, InterpError};
 use kfuse_ir::{Array, Storage};
 use kfuse_kernel::{Access, BufId, BufferKind, Program, Step};
 
-use crate::{RunError, RunStats, Tier};
+use crate::{RunError, RunStats, StepProfile, Tier};
 
 /// Which slot each computed buffer lives in.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -189,7 +189,9 @@ impl<'a> Runner<'a> {
                 stats.peak_bytes += buffer.ty.size_bytes();
             }
         }
+        let run_start = std::time::Instant::now();
         for (s, step) in program.steps.iter().enumerate() {
+            let step_start = run_start.elapsed();
             // Take the written slots out so that reads can borrow the rest.
             let writes = writes_of(step);
             let mut taken: Vec<(usize, Storage)> = Vec::new();
@@ -308,6 +310,26 @@ impl<'a> Runner<'a> {
                 self.slots[k] = Some(storage);
             }
             result?;
+            let (name, tier) = match step {
+                Step::Kernel { kernel, .. } => (
+                    kernel.name.clone(),
+                    self.tiers
+                        .get(s)
+                        .and_then(|t| t.as_ref())
+                        .map_or("tile interpreter", Tier::name),
+                ),
+                Step::Library { node, op, .. } => (format!("%{node} {}", op.name()), "library"),
+            };
+            let bytes =
+                |ids: Vec<BufId>| ids.iter().map(|b| program.buffer(*b).ty.size_bytes()).sum();
+            stats.profile.push(StepProfile {
+                name,
+                tier,
+                start_us: step_start.as_secs_f64() * 1e6,
+                duration_us: (run_start.elapsed() - step_start).as_secs_f64() * 1e6,
+                bytes_read: bytes(reads_of(step)),
+                bytes_written: bytes(writes),
+            });
         }
         Ok(stats)
     }
