@@ -435,17 +435,27 @@ fn identity(op: ReduceOp, d: DType) -> String {
 
 /// Renders `kernel` as a C translation unit defining `kfuse_kernel`.
 pub fn render(kernel: &Kernel) -> Result<String, Unsupported> {
+    let mut s = format!(
+        "/* kfuse kernel {}: outer {:?}, inner {:?} */\n",
+        kernel.name, kernel.outer, kernel.inner
+    );
+    s.push_str(MATH_HEADER);
+    s.push_str(&render_function(kernel, "kfuse_kernel")?);
+    Ok(s)
+}
+
+/// Renders `kernel` as one C function called `name`, for a translation unit that includes
+/// [`MATH_HEADER`] once (several kernels may share one).
+pub fn render_function(kernel: &Kernel, name: &str) -> Result<String, Unsupported> {
     let levels = kernel.levels();
     let n_inner = kernel.inner_len();
     let mut s = String::new();
     writeln!(
         s,
-        "/* kfuse kernel {}: outer {:?}, inner {:?} */",
-        kernel.name, kernel.outer, kernel.inner
+        "
+void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi) {{"
     )
     .unwrap();
-    s.push_str(MATH_HEADER);
-    s.push_str("\nvoid kfuse_kernel(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi) {\n");
     for (i, arg) in kernel.args.iter().enumerate() {
         let t = ctype(arg.ty.dtype);
         match arg.access {

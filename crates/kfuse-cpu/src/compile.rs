@@ -164,12 +164,26 @@ impl Compiler {
         ))
     }
 
-    /// Compiles `source` (or finds it in the cache) and loads it.
+    /// Compiles `source` (or finds it in the cache), loads it and returns its `kfuse_kernel`.
     pub fn compile(
         &self,
         source: &str,
         numerics: Numerics,
     ) -> Result<(CompiledKernel, CacheOutcome), String> {
+        let (library, path, outcome) = self.compile_library(source, numerics)?;
+        Ok((
+            CompiledKernel::from_library(library, &path, "kfuse_kernel")?,
+            outcome,
+        ))
+    }
+
+    /// Compiles `source` (or finds it in the cache) and loads the shared object; kernels are then
+    /// taken from it by name with [`CompiledKernel::from_library`].
+    pub fn compile_library(
+        &self,
+        source: &str,
+        numerics: Numerics,
+    ) -> Result<(Arc<libloading::Library>, PathBuf, CacheOutcome), String> {
         let object = self.object_path(source, numerics);
         let outcome = if object.exists() {
             CacheOutcome::Hit
@@ -209,21 +223,30 @@ impl Compiler {
                 .map_err(|e| format!("cannot move {} into the cache: {e}", tmp.display()))?;
             CacheOutcome::Miss
         };
-        Ok((load(&object)?, outcome))
+        // SAFETY: the object was produced by this module from kfuse-rendered C; loading it runs
+        // no initializers of ours.
+        let library = unsafe { libloading::Library::new(&object) }
+            .map_err(|e| format!("cannot load {}: {e}", object.display()))?;
+        Ok((Arc::new(library), object, outcome))
     }
 }
 
-fn load(path: &Path) -> Result<CompiledKernel, String> {
-    // SAFETY: the object was produced by this module from kfuse-rendered C: loading runs no
-    // initializers of ours, and the symbol has the `KernelFn` signature by construction.
-    unsafe {
-        let library = libloading::Library::new(path)
-            .map_err(|e| format!("cannot load {}: {e}", path.display()))?;
-        let function: KernelFn = *library
-            .get::<KernelFn>(b"kfuse_kernel\0")
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+impl CompiledKernel {
+    /// The kernel function `name` of a loaded library.
+    pub fn from_library(
+        library: Arc<libloading::Library>,
+        path: &Path,
+        name: &str,
+    ) -> Result<CompiledKernel, String> {
+        let symbol = format!("{name}\0");
+        // SAFETY: kfuse renders every kernel function with the `KernelFn` signature.
+        let function: KernelFn = unsafe {
+            *library
+                .get::<KernelFn>(symbol.as_bytes())
+                .map_err(|e| format!("{}: {e}", path.display()))?
+        };
         Ok(CompiledKernel {
-            _library: Arc::new(library),
+            _library: library,
             function,
             path: path.to_path_buf(),
         })

@@ -271,7 +271,7 @@ fn binary_ops_comparisons_and_casts_are_bit_exact() {
                 vec![],
             )
             .unwrap();
-        let mut out = |g: &mut Graph, name: String, v: Result<Value, kfuse_ir::IrError>| {
+        let out = |g: &mut Graph, name: String, v: Result<Value, kfuse_ir::IrError>| {
             if let Ok(v) = v {
                 g.add_output(name, v).unwrap();
             }
@@ -461,4 +461,76 @@ fn c_header_constants_match_the_rust_definitions() {
         let from_rust: Vec<f64> = numbers(rust, rust_name, "];");
         assert_eq!(from_c, from_rust, "{c_name} differs from {rust_name}");
     }
+}
+
+#[test]
+fn a_thousand_random_graphs_compiled_in_batches_are_bit_exact() {
+    // Kernels of many graphs share one translation unit, so that compiler start-up does not
+    // dominate; every graph then runs with its kernels taken from the shared library.
+    let compiler = kfuse_cpu::Compiler::detect(cache_dir()).expect("a C compiler");
+    let mut graphs = Vec::new();
+    for seed in 0..1000u64 {
+        let mut rng = Rng::new(seed + 90_000);
+        let mut gen = GraphGen::new(&mut rng);
+        gen.allow_custom = false;
+        let graph = gen.generate(2, 12);
+        let exe =
+            kfuse_runtime::compile(&graph, FusePolicy::Cost, &FixedCostModel::default()).unwrap();
+        graphs.push((seed, graph, exe));
+    }
+    let mut compiled = 0;
+    for batch in graphs.chunks_mut(50) {
+        let mut source = String::from(kfuse_cpu::c::MATH_HEADER);
+        let mut names = Vec::new();
+        for (g, (_, _, exe)) in batch.iter().enumerate() {
+            for (s, step) in exe.program.steps.iter().enumerate() {
+                if let kfuse_kernel::Step::Kernel { kernel, .. } = step {
+                    let name = format!("k_{g}_{s}");
+                    if let Ok(f) = kfuse_cpu::c::render_function(kernel, &name) {
+                        source.push_str(&f);
+                        names.push((g, s, name));
+                    }
+                }
+            }
+        }
+        let (library, path, _) = compiler.compile_library(&source, Numerics::Strict).unwrap();
+        for (g, s, name) in names {
+            let kernel =
+                kfuse_cpu::CompiledKernel::from_library(library.clone(), &path, &name).unwrap();
+            batch[g].2.tiers[s] = Some(Tier::Compiled {
+                kernel,
+                cached: false,
+            });
+            compiled += 1;
+        }
+        for (seed, graph, exe) in batch.iter() {
+            let mut data = Rng::new(*seed);
+            let inputs: Vec<(String, Array)> = graph
+                .inputs()
+                .map(|(_, n, t)| (n.to_string(), random_array(&mut data, t)))
+                .collect();
+            match (
+                kfuse_interp::run(graph, &inputs, &CustomOps::new()),
+                exe.run(&inputs, &CustomOps::new()),
+            ) {
+                (Ok(w), Ok((g, _))) => {
+                    for ((name, w), (_, g)) in w.iter().zip(&g) {
+                        assert_eq!(
+                            same(g, w),
+                            None,
+                            "seed {seed}: output {name}\n{}",
+                            kfuse_ir::text::print_graph(graph)
+                        );
+                    }
+                }
+                (Err(_), Err(_)) => {}
+                (w, g) => panic!(
+                    "seed {seed}: reference {:?}, compiled {:?}",
+                    w.err(),
+                    g.err()
+                ),
+            }
+        }
+    }
+    assert!(compiled > 1000, "only {compiled} kernels compiled");
 }
