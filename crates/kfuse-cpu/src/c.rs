@@ -490,7 +490,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         let t = ctype(kernel.insts[k].dtype);
         writeln!(
             s,
-            "    {t} *scratch{k} = ({t} *)malloc(sizeof({t}) * {});",
+            "    {t} *restrict scratch{k} = ({t} *)malloc(sizeof({t}) * {});",
             n_inner.max(1)
         )
         .unwrap();

@@ -35,6 +35,7 @@ impl Numerics {
             Numerics::Fast => &[
                 "-ffp-contract=fast",
                 "-fassociative-math",
+                "-freciprocal-math",
                 "-fno-signed-zeros",
                 "-fno-trapping-math",
             ],
@@ -45,6 +46,7 @@ impl Numerics {
 const COMMON_FLAGS: &[&str] = &[
     "-O3",
     "-march=native",
+    "-mprefer-vector-width=512",
     "-std=gnu11",
     "-fPIC",
     "-shared",

@@ -18,15 +18,12 @@ fn pow2i(n: i32) -> f32 {
     f32::from_bits(((n + 127) as u32) << 23)
 }
 
-/// `y * 2^k` for `-151 <= k <= 128`, exact unless the result is subnormal (then one rounding).
+/// `y * 2^k` for `-160 <= k <= 160` and `y` near 1: exact unless the result is subnormal, then
+/// rounded once. Split as `2^(k >> 1) * 2^(k - (k >> 1))` so that both factors are normal and the
+/// first product is exact; this form needs no branches, so it vectorizes.
 fn scale(y: f32, k: i32) -> f32 {
-    if k > 127 {
-        y * pow2i(127) * pow2i(k - 127)
-    } else if k < -126 {
-        y * pow2i(k + 126) * pow2i(-126)
-    } else {
-        y * pow2i(k)
-    }
+    let k1 = k >> 1;
+    y * pow2i(k1) * pow2i(k - k1)
 }
 
 /// `e^r - 1 - r` divided by `r^2` on `|r| <= ln2/2` (Cephes `expf`).

@@ -25,9 +25,8 @@ KF_INLINE double kf_f64_from_bits(uint64_t b) { double f; memcpy(&f, &b, 8); ret
 KF_INLINE float kf_pow2i(int32_t n) { return kf_f32_from_bits(((uint32_t)(n + 127)) << 23); }
 
 KF_INLINE float kf_scale(float y, int32_t k) {
-    int32_t k1 = k > 127 ? 127 : (k < -126 ? k + 126 : k);
-    int32_t k2 = k > 127 ? k - 127 : (k < -126 ? -126 : 0);
-    return y * kf_pow2i(k1) * kf_pow2i(k2);
+    int32_t k1 = k >> 1;
+    return y * kf_pow2i(k1) * kf_pow2i(k - k1);
 }
 
 KF_INLINE float kf_exp_poly(float r) {
