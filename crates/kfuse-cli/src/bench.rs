@@ -367,9 +367,50 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
         results.push(row);
     }
     report["workloads"] = json!(results);
+    if only.is_empty() || only.iter().any(|o| o == "cost") {
+        report["cost_model_case"] = cost_model_case(&cache, runs, as_json)?;
+    }
     if as_json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     }
     let _ = std::fs::remove_dir_all(&cache);
     Ok(())
+}
+
+/// The case where fusing everything is slower than partial fusion: an expensive value read
+/// through a broadcast (`examples/expensive_broadcast.kf`), timed under the greedy and the cost
+/// policy, with the calibrated cost model.
+fn cost_model_case(
+    cache: &std::path::Path,
+    runs: usize,
+    as_json: bool,
+) -> Result<serde_json::Value> {
+    let program = "%x = input() name=\"x\" : f32[4096, 1]\n%w = input() name=\"w\" : f32[4096, 512]\n%e = exp(%x)\n%t = tanh(%e)\n\
+                   %y = sin(%t)\n%z = mul(%y, %w)\n%z2 = add(%y, %w)\n%q = sub(%z, %z2)\noutput \"q\" = %q\n";
+    let graph = kfuse::parse(program)?;
+    let inputs = inputs_for(&graph)?;
+    let cost =
+        kfuse::runtime::calibrated_cost_model(&kfuse::cpu::default_cache_dir()).unwrap_or_default();
+    let mut rows = Vec::new();
+    for policy in [kfuse::FusePolicy::Greedy, kfuse::FusePolicy::Cost] {
+        let options = kfuse::Options {
+            policy,
+            cache_dir: cache.join("cost-case"),
+            ..kfuse::Options::default()
+        };
+        let exe = kfuse::compile(&graph, &options, &cost)?;
+        let mut runner = exe.runner();
+        let ms = time(runs, || {
+            runner
+                .run(&inputs, &CustomOps::new())
+                .map(|_| ())
+                .map_err(Into::into)
+        })? * 1e3;
+        rows.push(json!({"policy": policy.name(), "kernels": exe.tiers.iter().flatten().count(), "ms": ms}));
+    }
+    if !as_json {
+        println!("\ncost model case (examples/expensive_broadcast.kf): greedy {} kernel(s) {:.2} ms; cost {} kernel(s) {:.2} ms",
+            rows[0]["kernels"], rows[0]["ms"].as_f64().unwrap(), rows[1]["kernels"], rows[1]["ms"].as_f64().unwrap());
+    }
+    Ok(json!(rows))
 }
