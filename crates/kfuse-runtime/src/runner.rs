@@ -26,28 +26,26 @@ impl MemoryPlan {
     }
 }
 
-fn reads_of(step: &Step) -> Vec<BufId> {
+/// The buffers a step reads (`Access::Read`) or writes (`Access::Write`).
+fn buffers_of(step: &Step, access: Access) -> Vec<BufId> {
     match step {
         Step::Kernel { kernel, args } => args
             .iter()
             .zip(&kernel.args)
-            .filter(|(_, a)| a.access == Access::Read)
+            .filter(|(_, a)| a.access == access)
             .map(|(b, _)| *b)
             .collect(),
-        Step::Library { inputs, .. } => inputs.clone(),
+        Step::Library { inputs, .. } if access == Access::Read => inputs.clone(),
+        Step::Library { outputs, .. } => outputs.clone(),
     }
 }
 
+fn reads_of(step: &Step) -> Vec<BufId> {
+    buffers_of(step, Access::Read)
+}
+
 fn writes_of(step: &Step) -> Vec<BufId> {
-    match step {
-        Step::Kernel { kernel, args } => args
-            .iter()
-            .zip(&kernel.args)
-            .filter(|(_, a)| a.access == Access::Write)
-            .map(|(b, _)| *b)
-            .collect(),
-        Step::Library { outputs, .. } => outputs.clone(),
-    }
+    buffers_of(step, Access::Write)
 }
 
 /// Assigns computed buffers to slots: a buffer reuses a slot of the same dtype and size whose

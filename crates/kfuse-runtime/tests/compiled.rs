@@ -69,6 +69,37 @@ fn check_strict(graph: &Graph, inputs: &[(String, Array)], what: &str) {
     }
 }
 
+/// Runs `exe` and the reference interpreter on the same inputs: both fail, or all outputs agree
+/// bit for bit.
+fn assert_same_as_reference(
+    seed: u64,
+    graph: &Graph,
+    inputs: &[(String, Array)],
+    exe: &Executable,
+) {
+    match (
+        kfuse_interp::run(graph, inputs, &CustomOps::new()),
+        exe.run(inputs, &CustomOps::new()),
+    ) {
+        (Ok(w), Ok((g, _))) => {
+            for ((name, w), (_, g)) in w.iter().zip(&g) {
+                assert_eq!(
+                    same(g, w),
+                    None,
+                    "seed {seed}: output {name}\n{}",
+                    kfuse_ir::text::print_graph(graph)
+                );
+            }
+        }
+        (Err(_), Err(_)) => {}
+        (w, g) => panic!(
+            "seed {seed}: reference {:?}, compiled {:?}",
+            w.err(),
+            g.err()
+        ),
+    }
+}
+
 /// Every value of a 16-bit float type, or a sweep of f32 bit patterns and edge values.
 fn sweep(dtype: DType) -> Array {
     let specials = [
@@ -348,26 +379,7 @@ fn random_graphs_are_bit_exact_in_strict_mode() {
             .flatten()
             .filter(|t| matches!(t, Tier::Compiled { .. }))
             .count();
-        let want = kfuse_interp::run(&graph, &inputs, &CustomOps::new());
-        let got = exe.run(&inputs, &CustomOps::new());
-        match (want, got) {
-            (Ok(w), Ok((g, _))) => {
-                for ((name, w), (_, g)) in w.iter().zip(&g) {
-                    assert_eq!(
-                        same(g, w),
-                        None,
-                        "seed {seed}: output {name}\n{}",
-                        kfuse_ir::text::print_graph(&graph)
-                    );
-                }
-            }
-            (Err(_), Err(_)) => {}
-            (w, g) => panic!(
-                "seed {seed}: reference {:?}, compiled {:?}",
-                w.err(),
-                g.err()
-            ),
-        }
+        assert_same_as_reference(seed, &graph, &inputs, &exe);
     }
     assert!(
         compiled_kernels > 40,
@@ -509,27 +521,7 @@ fn a_thousand_random_graphs_compiled_in_batches_are_bit_exact() {
                 .inputs()
                 .map(|(_, n, t)| (n.to_string(), random_array(&mut data, t)))
                 .collect();
-            match (
-                kfuse_interp::run(graph, &inputs, &CustomOps::new()),
-                exe.run(&inputs, &CustomOps::new()),
-            ) {
-                (Ok(w), Ok((g, _))) => {
-                    for ((name, w), (_, g)) in w.iter().zip(&g) {
-                        assert_eq!(
-                            same(g, w),
-                            None,
-                            "seed {seed}: output {name}\n{}",
-                            kfuse_ir::text::print_graph(graph)
-                        );
-                    }
-                }
-                (Err(_), Err(_)) => {}
-                (w, g) => panic!(
-                    "seed {seed}: reference {:?}, compiled {:?}",
-                    w.err(),
-                    g.err()
-                ),
-            }
+            assert_same_as_reference(*seed, graph, &inputs, exe);
         }
     }
     assert!(compiled > 1000, "only {compiled} kernels compiled");
