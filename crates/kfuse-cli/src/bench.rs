@@ -367,6 +367,9 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
         results.push(row);
     }
     report["workloads"] = json!(results);
+    if only.is_empty() || only.iter().any(|o| o == "W5a" || o == "W5b") {
+        report["gemm_epilogues"] = gemm_epilogues(&cache, runs, scale, as_json, only)?;
+    }
     if only.is_empty() || only.iter().any(|o| o == "cost") {
         report["cost_model_case"] = cost_model_case(&cache, runs, as_json)?;
     }
@@ -411,6 +414,64 @@ fn cost_model_case(
     if !as_json {
         println!("\ncost model case (examples/expensive_broadcast.kf): greedy {} kernel(s) {:.2} ms; cost {} kernel(s) {:.2} ms",
             rows[0]["kernels"], rows[0]["ms"].as_f64().unwrap(), rows[1]["kernels"], rows[1]["ms"].as_f64().unwrap());
+    }
+    Ok(json!(rows))
+}
+
+/// Median ms of one compiled run of `program` (fast numerics, cost policy).
+fn run_ms(program: &str, cache: &std::path::Path, runs: usize) -> Result<f64> {
+    let graph = kfuse::parse(program)?;
+    let inputs = inputs_for(&graph)?;
+    let options = kfuse::Options {
+        cache_dir: cache.to_path_buf(),
+        ..kfuse::Options::default()
+    };
+    let exe = kfuse::compile(&graph, &options, &FixedCostModel::default())?;
+    let mut runner = exe.runner();
+    Ok(time(runs, || {
+        runner
+            .run(&inputs, &CustomOps::new())
+            .map(|_| ())
+            .map_err(Into::into)
+    })? * 1e3)
+}
+
+/// W5a and W5b: dense layers with epilogues, against the bare GEMMs of the same shapes.
+fn gemm_epilogues(
+    cache: &std::path::Path,
+    runs: usize,
+    scale: usize,
+    as_json: bool,
+    only: &[String],
+) -> Result<serde_json::Value> {
+    let (m, k, n) = (1024 / scale.min(16), 1024, 4096);
+    let dense = |a: &str, w: &str, b: &str, kk: usize, nn: usize| {
+        format!("%{a} = input() name=\"{a}\" : f32[{m}, {kk}]\n%{w} = input() name=\"{w}\" : f32[{kk}, {nn}]\n%{b} = input() name=\"{b}\" : f32[{nn}]\n")
+    };
+    let bare1 = format!("%x = input() name=\"x\" : f32[{m}, {k}]\n%w = input() name=\"w\" : f32[{k}, {n}]\n%h = matmul(%x, %w)\noutput \"h\" = %h\n");
+    let bare2 = format!("%x = input() name=\"x\" : f32[{m}, {n}]\n%w = input() name=\"w\" : f32[{n}, {k}]\n%h = matmul(%x, %w)\noutput \"h\" = %h\n");
+    let w5a = dense("x", "w", "b", k, n)
+        + "%h = matmul(%x, %w)\n%hb = add(%h, %b)\n%y = relu(%hb)\noutput \"y\" = %y\n";
+    let w5b = dense("x", "w1", "b1", k, n)
+        + &format!("%w2 = input() name=\"w2\" : f32[{n}, {k}]\n%b2 = input() name=\"b2\" : f32[{k}]\n")
+        + "%h = matmul(%x, %w1)\n%hb = add(%h, %b1)\n%g = gelu_tanh(%hb)\n%o = matmul(%g, %w2)\n%y = add(%o, %b2)\noutput \"y\" = %y\n";
+    let bare1_ms = run_ms(&bare1, cache, runs)?;
+    let mut rows = Vec::new();
+    for (id, program, bare_ms) in [
+        ("W5a", w5a, bare1_ms),
+        ("W5b", w5b, bare1_ms + run_ms(&bare2, cache, runs)?),
+    ] {
+        if !only.is_empty() && !only.iter().any(|o| o == id) {
+            continue;
+        }
+        let ms = run_ms(&program, cache, runs)?;
+        if !as_json {
+            println!(
+                "{id}: {ms:.2} ms, bare GEMM(s) {bare_ms:.2} ms, ratio {:.3}",
+                ms / bare_ms
+            );
+        }
+        rows.push(json!({"id": id, "ms": ms, "bare_gemm_ms": bare_ms, "ratio": ms / bare_ms}));
     }
     Ok(json!(rows))
 }

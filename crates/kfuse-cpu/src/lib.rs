@@ -11,3 +11,4 @@ mod launch;
 mod pool;
 pub use launch::{launch, launch_on, storage_ptr, GRAIN};
 pub use pool::Pool;
+pub mod matmul;

@@ -223,7 +223,7 @@ impl Executable {
 
     /// A runner that reuses its buffers across runs.
     pub fn runner(&self) -> Runner<'_> {
-        Runner::new(&self.program, &self.tiers)
+        Runner::new(&self.program, &self.tiers, self.numerics)
     }
 }
 
@@ -235,7 +235,7 @@ pub fn run_program(
     inputs: &[(String, Array)],
     custom: &CustomOps,
 ) -> Result<(Vec<(String, Array)>, RunStats), RunError> {
-    let mut runner = Runner::new(program, tiers);
+    let mut runner = Runner::new(program, tiers, Numerics::Strict);
     let stats = runner.run(inputs, custom)?;
     Ok((runner.outputs(inputs), stats))
 }

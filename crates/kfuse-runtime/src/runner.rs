@@ -8,6 +8,8 @@ use kfuse_interp::{CustomOps, InterpError};
 use kfuse_ir::{Array, Storage};
 use kfuse_kernel::{Access, BufId, BufferKind, Program, Step};
 
+use kfuse_cpu::Numerics;
+
 use crate::{RunError, RunStats, StepProfile, Tier};
 
 /// Which slot each computed buffer lives in.
@@ -111,17 +113,21 @@ fn unknown_input(program: &Program, name: &str) -> RunError {
 pub struct Runner<'a> {
     program: &'a Program,
     tiers: &'a [Option<Tier>],
+    numerics: Numerics,
     plan: MemoryPlan,
     slots: Vec<Option<Storage>>,
 }
 
 impl<'a> Runner<'a> {
-    pub fn new(program: &'a Program, tiers: &'a [Option<Tier>]) -> Self {
+    /// A runner for `program`, kernels on `tiers`; with fast numerics, matmul library steps use
+    /// `gemm` (strict numerics keep the reference matmul, whose summation order they reproduce).
+    pub fn new(program: &'a Program, tiers: &'a [Option<Tier>], numerics: Numerics) -> Self {
         let plan = plan_memory(program);
         let slots = vec![None; plan.slots.len()];
         Runner {
             program,
             tiers,
+            numerics,
             plan,
             slots,
         }
@@ -291,7 +297,21 @@ impl<'a> Runner<'a> {
                         .iter()
                         .map(|b| program.buffer(*b).ty.clone())
                         .collect();
-                    kfuse_interp::eval_op(op, &types, &refs, custom)
+                    let fast_matmul = *op == kfuse_ir::Op::MatMul
+                        && self.numerics == Numerics::Fast
+                        && kfuse_cpu::matmul::supported(refs[0].dtype());
+                    let result = if fast_matmul {
+                        kfuse_cpu::matmul::matmul(
+                            refs[0],
+                            refs[1],
+                            &types[0],
+                            kfuse_cpu::Pool::global().threads(),
+                        )
+                        .map(|a| vec![a])
+                    } else {
+                        kfuse_interp::eval_op(op, &types, &refs, custom)
+                    };
+                    result
                         .map(|results| {
                             for ((_, slot), r) in taken.iter_mut().zip(results) {
                                 *slot = r.into_storage();

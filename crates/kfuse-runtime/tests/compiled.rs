@@ -526,3 +526,60 @@ fn a_thousand_random_graphs_compiled_in_batches_are_bit_exact() {
     }
     assert!(compiled > 1000, "only {compiled} kernels compiled");
 }
+
+#[test]
+fn fast_matmul_runs_on_gemm_within_its_bound() {
+    for dtype in ["f32", "f64"] {
+        let text = format!(
+            "%a = input() name=\"a\" : {dtype}[3, 1, 37, 129]\n%b = input() name=\"b\" : {dtype}[2, 129, 65]\n%c = matmul(%a, %b)\n\
+             %r = relu(%c)\noutput \"c\" = %c\noutput \"r\" = %r\n"
+        );
+        let g = parse_graph(&text).unwrap();
+        let mut rng = Rng::new(12);
+        let inputs: Vec<(String, Array)> = g
+            .inputs()
+            .map(|(_, n, t)| {
+                let v: Vec<f64> = (0..t.shape.n_elems())
+                    .map(|_| (rng.below(2001) as f64 - 1000.0) / 250.0)
+                    .collect();
+                let a = Array::from_vec(t.shape.dims().to_vec(), v).unwrap();
+                (n.to_string(), kfuse_interp::elementwise::cast(&a, t.dtype))
+            })
+            .collect();
+        let want = kfuse_interp::run(&g, &inputs, &CustomOps::new()).unwrap();
+        let (fast, _) = build(&g, Numerics::Fast)
+            .run(&inputs, &CustomOps::new())
+            .unwrap();
+        let eps = if dtype == "f32" {
+            f32::EPSILON as f64
+        } else {
+            f64::EPSILON
+        };
+        // |a| |b| summed over k bounds the error of any summation order: K eps sum |a_ik b_kj|.
+        let (a, b) = (&inputs[0].1, &inputs[1].1);
+        for i in 0..want[0].1.n_elems() {
+            let (batch, row, col) = (i / (37 * 65), (i / 65) % 37, i % 65);
+            let abs: f64 = (0..129)
+                .map(|k| {
+                    (a.get_f64(((batch / 2) * 37 + row) * 129 + k)
+                        * b.get_f64(((batch % 2) * 129 + k) * 65 + col))
+                    .abs()
+                })
+                .sum();
+            let err = (fast[0].1.get_f64(i) - want[0].1.get_f64(i)).abs();
+            assert!(
+                err <= 129.0 * eps * abs,
+                "{dtype} c[{i}]: {err} > {}",
+                129.0 * eps * abs
+            );
+        }
+        let (strict, _) = build(&g, Numerics::Strict)
+            .run(&inputs, &CustomOps::new())
+            .unwrap();
+        assert_eq!(
+            same(&strict[0].1, &want[0].1),
+            None,
+            "{dtype}: strict matmul stays the reference"
+        );
+    }
+}
