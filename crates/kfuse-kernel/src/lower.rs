@@ -207,8 +207,26 @@ impl<'a> Builder<'a> {
         })
     }
 
+    /// Pointwise kernels over rank >= 2 domains with rows of at least this many elements loop
+    /// over rows and, inside, over the last axis: loads stay contiguous in the inner loop and a
+    /// broadcast along the leading axes (a bias) becomes a plain row load, so the inner loop
+    /// vectorizes. Other pointwise kernels loop over the flattened domain.
+    const MIN_ROW: usize = 64;
+
+    fn split_rows(&self) -> bool {
+        self.reduce.is_empty()
+            && self.domain.rank() >= 2
+            && self
+                .domain
+                .dims()
+                .last()
+                .is_some_and(|&d| d >= Self::MIN_ROW)
+    }
+
     fn outer_dims(&self) -> Vec<usize> {
-        if self.reduce.is_empty() {
+        if self.split_rows() {
+            self.domain.dims()[..self.domain.rank() - 1].to_vec()
+        } else if self.reduce.is_empty() {
             vec![]
         } else {
             (0..self.domain.rank())
@@ -219,7 +237,9 @@ impl<'a> Builder<'a> {
     }
 
     fn inner_dims(&self) -> Vec<usize> {
-        if self.reduce.is_empty() {
+        if self.split_rows() {
+            vec![self.domain.dims()[self.domain.rank() - 1]]
+        } else if self.reduce.is_empty() {
             vec![self.domain.n_elems()]
         } else {
             self.reduce.iter().map(|&a| self.domain.dims()[a]).collect()
@@ -294,6 +314,20 @@ impl<'a> Builder<'a> {
 
     fn make_domain_index(&mut self) -> Index {
         let j = self.inst(InstKind::InnerIndex, DType::I64);
+        if self.split_rows() {
+            let o = self.inst(InstKind::OuterIndex, DType::I64);
+            let outer = self.outer_dims();
+            let row = self.int(*self.domain.dims().last().expect("rank >= 2") as i64);
+            let mut coords = self.unflatten(o, &outer);
+            coords.push(j);
+            let start = self.iop(IndexOp::Mul, o, row);
+            let flat = self.iop(IndexOp::Add, start, j);
+            return Index {
+                shape: self.domain.clone(),
+                flat: Some(flat),
+                coords: Some(coords),
+            };
+        }
         if self.reduce.is_empty() {
             return Index {
                 shape: self.domain.clone(),

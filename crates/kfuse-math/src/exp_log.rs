@@ -61,6 +61,30 @@ pub fn exp_f32(x: f32) -> f32 {
     scale(exp_reduced(r), k)
 }
 
+/// `e^t` for `t <= 0` to f32 accuracy (within 1 ULP of an f32 result), returned in f64: the
+/// reduction `t = k ln2 + r` runs in f64, the f32 polynomial evaluates `e^r`, and the scaling by
+/// `2^k` is exact in f64. For arguments known to f64 precision whose exponential only needs f32
+/// precision; it needs no libm call, so it vectorizes.
+pub fn exp_f32_of_f64(t: f64) -> f64 {
+    if t.is_nan() {
+        return t;
+    }
+    let tc = t.max(-1000.0);
+    let k = (tc * std::f64::consts::LOG2_E).round_ties_even();
+    let r = (tc - k * std::f64::consts::LN_2) as f32;
+    let y = exp_reduced(r) as f64;
+    let ki = k as i64;
+    let k1 = ki >> 1;
+    let v = y
+        * f64::from_bits(((k1 + 1023) as u64) << 52)
+        * f64::from_bits(((ki - k1 + 1023) as u64) << 52);
+    if t < -1000.0 {
+        0.0
+    } else {
+        v
+    }
+}
+
 /// `2^x` for f32.
 pub fn exp2_f32(x: f32) -> f32 {
     if x.is_nan() {

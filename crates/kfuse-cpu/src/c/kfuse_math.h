@@ -258,7 +258,28 @@ KF_INLINE double kf_gelu_tanh_f64(double x) {
     return isinf(x) ? (x > 0.0 ? x : -0.0) : v;
 }
 
-KF_INLINE float kf_gelu_tanh(float x) { return (float)kf_gelu_tanh_f64((double)x); }
+/* e^t for t <= 0 to f32 accuracy, in double: reduction in double, the float polynomial, exact
+ * scaling in double (exp_f32_of_f64 in exp_log.rs). */
+KF_INLINE double kf_exp_f32_of_f64(double t) {
+    double tc = t > -1000.0 ? t : -1000.0;
+    double k = rint(tc * 0x1.71547652b82fep+0);
+    float r = (float)(tc - k * 0x1.62e42fefa39efp-1);
+    double y = (double)kf_exp_reduced(r);
+    int64_t ki = (int64_t)k;
+    int64_t k1 = ki >> 1;
+    double v = y * kf_f64_from_bits((uint64_t)(k1 + 1023) << 52) * kf_f64_from_bits((uint64_t)(ki - k1 + 1023) << 52);
+    v = t < -1000.0 ? 0.0 : v;
+    return t != t ? t : v;
+}
+
+KF_INLINE float kf_gelu_tanh(float x) {
+    double xd = (double)x;
+    double u2 = 2.0 * 0x1.9884533d43651p-1 * (xd + 0.044715 * xd * xd * xd);
+    double e = kf_exp_f32_of_f64(-fabs(u2));
+    double s = u2 >= 0.0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
+    float v = (float)(xd * s);
+    return x == -INFINITY ? -0.0f : v;
+}
 
 KF_INLINE float kf_rsqrt(float x) { return (float)(1.0 / sqrt((double)x)); }
 
