@@ -260,6 +260,64 @@ fn index_op(op: IndexOp, a: &str, b: &str) -> String {
     }
 }
 
+/// Kernels writing at least this many bytes stream their contiguous stores: the output cannot
+/// stay in the last-level cache for its consumer anyway, and non-temporal stores skip reading
+/// each line for ownership before overwriting it (a third of the traffic of `y = f(x)`).
+pub const STREAM_MIN_BYTES: usize = 16 << 20;
+
+/// Elements per staging block of a streamed store (at most 8 KiB: L1-resident).
+const STAGE: usize = 1024;
+
+/// A final-pass store written through a staging block: its offset is `base + j`.
+#[derive(Clone, Copy)]
+struct Staged {
+    /// The outer-level part of the offset, or none for offset `j`.
+    base: Option<InstId>,
+}
+
+/// Which stores stream (indexed by instruction): in kernels writing at least
+/// [`STREAM_MIN_BYTES`], the final-pass stores whose offset is the inner index plus an
+/// outer-level value, so each pass writes one contiguous run. The staging array has the
+/// argument's type, so the stored bits are those of a plain store.
+fn staged_stores(kernel: &Kernel, levels: &[Level], stores: &[InstId]) -> Vec<Option<Staged>> {
+    let mut staged = vec![None; kernel.insts.len()];
+    let written: usize = kernel
+        .args
+        .iter()
+        .filter(|a| a.access == Access::Write)
+        .map(|a| a.ty.size_bytes())
+        .sum();
+    if written < STREAM_MIN_BYTES {
+        return staged;
+    }
+    let is_j = |id: InstId| matches!(kernel.inst(id).kind, InstKind::InnerIndex);
+    for &st in stores {
+        let InstKind::Store { arg, offset, .. } = kernel.inst(st).kind else {
+            continue;
+        };
+        let base = match kernel.inst(offset).kind {
+            InstKind::InnerIndex => Some(None),
+            InstKind::Index(IndexOp::Add, a, b) if is_j(b) && levels[a.index()] == Level::Outer => {
+                Some(Some(a))
+            }
+            InstKind::Index(IndexOp::Add, a, b) if is_j(a) && levels[b.index()] == Level::Outer => {
+                Some(Some(b))
+            }
+            _ => None,
+        };
+        // Two stores into one argument (never emitted today) would race through staging.
+        let unique = stores
+            .iter()
+            .filter(|&&o| matches!(kernel.inst(o).kind, InstKind::Store { arg: a, .. } if a == arg))
+            .count()
+            == 1;
+        if let (Some(base), true) = (base, unique) {
+            staged[st.index()] = Some(Staged { base });
+        }
+    }
+    staged
+}
+
 /// The C statement computing instruction `i` (declaring `v{i}`), or a store.
 fn statement(kernel: &Kernel, i: usize) -> Result<String, Unsupported> {
     let inst = kernel.insts[i];
@@ -364,6 +422,7 @@ fn pass_body(
     kernel: &Kernel,
     passes: &Passes,
     p: usize,
+    staged: &[Option<Staged>],
     indent: &str,
 ) -> Result<String, Unsupported> {
     let mut body = String::new();
@@ -376,6 +435,10 @@ fn pass_body(
             )
             .unwrap();
         } else if passes.compute[p][k] {
+            if let (Some(_), InstKind::Store { value, .. }) = (staged[k], kernel.insts[k].kind) {
+                writeln!(body, "{indent}stage{k}[j - jb] = {};", v(value)).unwrap();
+                continue;
+            }
             writeln!(body, "{indent}{}", statement(kernel, k)?).unwrap();
             if passes.save[p][k] {
                 writeln!(body, "{indent}scratch{k}[j] = v{k};").unwrap();
@@ -482,6 +545,14 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         .collect();
     roots.push(inner_stores.clone());
     let passes = plan_passes(kernel, &levels, &roots);
+    let staged = staged_stores(kernel, &levels, &inner_stores);
+    let streams = staged.iter().any(Option::is_some);
+    for (k, st) in staged.iter().enumerate() {
+        if let (Some(_), InstKind::Store { arg, .. }) = (st, kernel.insts[k].kind) {
+            let t = ctype(kernel.args[arg as usize].ty.dtype);
+            writeln!(s, "    {t} stage{k}[{STAGE}] __attribute__((aligned(64)));").unwrap();
+        }
+    }
     let final_pass = roots.len() - 1;
     // Row scratch arrays for values computed in one pass and reloaded in later ones.
     let scratch: Vec<usize> = (0..kernel.insts.len())
@@ -504,7 +575,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         }
         let inst = kernel.insts[i];
         if let InstKind::Reduce { op, value } = inst.kind {
-            let body = pass_body(kernel, &passes, pass, "                ")?;
+            let body = pass_body(kernel, &passes, pass, &staged, "                ")?;
             pass += 1;
             let d = inst.dtype;
             let vd = kernel.inst(value).dtype;
@@ -536,12 +607,31 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         }
         writeln!(s, "        {}", statement(kernel, i)?).unwrap();
     }
-    if !inner_stores.is_empty() {
+    if inner_stores.is_empty() {
+    } else if !streams {
         s.push_str("        for (int64_t j = j_lo; j < j_hi; j++) {\n");
-        s.push_str(&pass_body(kernel, &passes, final_pass, "            ")?);
+        s.push_str(&pass_body(kernel, &passes, final_pass, &staged, "            ")?);
+        s.push_str("        }\n");
+    } else {
+        // Blocks of STAGE elements: the pass fills L1-resident staging arrays, which are then
+        // streamed to their outputs.
+        writeln!(s, "        for (int64_t jb = j_lo; jb < j_hi; jb += {STAGE}) {{\n            int64_t je = jb + {STAGE} < j_hi ? jb + {STAGE} : j_hi;\n            for (int64_t j = jb; j < je; j++) {{").unwrap();
+        s.push_str(&pass_body(kernel, &passes, final_pass, &staged, "                ")?);
+        s.push_str("            }\n");
+        for (k, st) in staged.iter().enumerate() {
+            let (Some(st), InstKind::Store { arg, .. }) = (st, kernel.insts[k].kind) else {
+                continue;
+            };
+            let base = st.base.map_or("0".to_string(), v);
+            let t = ctype(kernel.args[arg as usize].ty.dtype);
+            writeln!(s, "            kf_stream(a{arg} + {base} + jb, stage{k}, (int64_t)sizeof({t}) * (je - jb));").unwrap();
+        }
         s.push_str("        }\n");
     }
     s.push_str("    }\n");
+    if streams {
+        s.push_str("    kf_stream_fence();\n");
+    }
     for &k in &scratch {
         writeln!(s, "    free(scratch{k});").unwrap();
     }

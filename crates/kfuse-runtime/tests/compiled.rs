@@ -468,6 +468,38 @@ fn a_new_batch_size_reuses_the_compiled_kernels() {
 }
 
 #[test]
+fn large_outputs_stream_and_stay_bit_exact() {
+    // Kernels writing at least STREAM_MIN_BYTES stage their contiguous stores and stream them:
+    // rows of odd length (unaligned row starts, partial staging blocks), several outputs of
+    // different widths (f32, f64, u8), a row kernel and a flat one.
+    let programs = [
+        "%x = input() name=\"x\" : f32[1051, 4001]\n%m = reduce_max(%x) axes=[1] keepdims=true\n\
+         %d = sub(%x, %m)\n%e = exp(%d)\n%s = reduce_sum(%e) axes=[1] keepdims=true\n\
+         %y = div(%e, %s)\noutput \"y\" = %y\n",
+        "%x = input() name=\"x\" : f32[2100003]\n%y = input() name=\"y\" : f32[2100003]\n\
+         %t = mul(%x, %y)\n%a = add(%t, %x)\n%b = cast(%t) to=f64\n%c = gt(%t, %y)\n\
+         %u = cast(%c) to=u8\noutput \"a\" = %a\noutput \"b\" = %b\noutput \"u\" = %u\n",
+    ];
+    for text in programs {
+        let g = parse_graph(text).unwrap();
+        let exe = build(&g, Numerics::Strict);
+        let streamed = exe.program.steps.iter().any(|step| match step {
+            kfuse_kernel::Step::Kernel { kernel, .. } => kfuse_cpu::c::render(kernel)
+                .map(|c| c.contains("kf_stream(a"))
+                .unwrap_or(false),
+            _ => false,
+        });
+        assert!(streamed, "no kernel streams its stores:\n{text}");
+        let mut data = Rng::new(5);
+        let inputs: Vec<(String, Array)> = g
+            .inputs()
+            .map(|(_, n, t)| (n.to_string(), random_array(&mut data, t)))
+            .collect();
+        check_strict(&g, &inputs, text);
+    }
+}
+
+#[test]
 fn fast_mode_stays_within_its_error_bound() {
     // Elementwise chains: fast mode may contract into FMAs; results stay within 4 ULP of strict
     // for normal results. Sums may be reassociated: within n * eps * sum |x| of strict.

@@ -381,3 +381,48 @@ KF_INLINE uint16_t kf_f32_to_bf16(float v) {
     uint32_t round_bit = 0x00008000u;
     return ((x & round_bit) != 0 && (x & (3 * round_bit - 1)) != 0) ? (uint16_t)((x >> 16) + 1) : (uint16_t)(x >> 16);
 }
+
+/* ---- streaming stores (no Rust twin: they move bytes, they compute nothing) ----
+ * Large outputs are written with non-temporal stores: the line is not read for ownership first
+ * and does not evict the inputs from the cache. Inline assembly instead of <immintrin.h>, which
+ * would add ~0.15 s to every compilation. kf_stream_fence() must run before the kernel returns,
+ * so that the stores are visible to whoever waits on the kernel. */
+#if defined(__x86_64__) && defined(__AVX512F__)
+#define KF_STREAM_LINE 64
+typedef long long kf_line __attribute__((vector_size(64)));
+KF_INLINE void kf_stream_line(char *d, const char *s) {
+    kf_line x;
+    memcpy(&x, s, 64);
+    __asm__ volatile("vmovntdq %1, %0" : "=m"(*(kf_line *)d) : "v"(x));
+}
+#elif defined(__x86_64__) && defined(__AVX__)
+#define KF_STREAM_LINE 32
+typedef long long kf_line __attribute__((vector_size(32)));
+KF_INLINE void kf_stream_line(char *d, const char *s) {
+    kf_line x;
+    memcpy(&x, s, 32);
+    __asm__ volatile("vmovntdq %1, %0" : "=m"(*(kf_line *)d) : "x"(x));
+}
+#endif
+
+KF_INLINE void kf_stream(void *dst, const void *src, int64_t n) {
+#ifdef KF_STREAM_LINE
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    int64_t head = (int64_t)((KF_STREAM_LINE - ((uintptr_t)d & (KF_STREAM_LINE - 1))) & (KF_STREAM_LINE - 1));
+    if (head > n) head = n;
+    memcpy(d, s, (size_t)head);
+    d += head; s += head; n -= head;
+    for (; n >= KF_STREAM_LINE; n -= KF_STREAM_LINE, d += KF_STREAM_LINE, s += KF_STREAM_LINE)
+        kf_stream_line(d, s);
+    memcpy(d, s, (size_t)n);
+#else
+    memcpy(dst, src, (size_t)n);
+#endif
+}
+
+KF_INLINE void kf_stream_fence(void) {
+#ifdef KF_STREAM_LINE
+    __asm__ volatile("sfence" ::: "memory");
+#endif
+}
