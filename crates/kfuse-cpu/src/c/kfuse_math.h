@@ -334,10 +334,29 @@ KF_INLINE float kf_gelu(float x) {
 }
 
 /* ---- scalar semantics (scalar.rs) ---- */
-KF_INLINE float kf_maximum(float a, float b) { return (a != a || b != b) ? NAN : ((a > b || (a == b && signbit(b))) ? a : b); }
-KF_INLINE float kf_minimum(float a, float b) { return (a != a || b != b) ? NAN : ((a < b || (a == b && signbit(a))) ? a : b); }
-KF_INLINE double kf_maximum_f64(double a, double b) { return (a != a || b != b) ? NAN : ((a > b || (a == b && signbit(b))) ? a : b); }
-KF_INLINE double kf_minimum_f64(double a, double b) { return (a != a || b != b) ? NAN : ((a < b || (a == b && signbit(a))) ? a : b); }
+/* NaN-propagating max/min with -0 < +0. Written with bitwise operators, not || and &&: in fast
+ * mode GCC turns the short-circuit form into branches and the reduction loops stay scalar. */
+KF_INLINE float kf_maximum(float a, float b) {
+    int take_a = (a > b) | ((a == b) & (int)(kf_f32_bits(b) >> 31));
+    float m = take_a ? a : b;
+    return ((a != a) | (b != b)) ? NAN : m;
+}
+KF_INLINE float kf_minimum(float a, float b) {
+    int take_a = (a < b) | ((a == b) & (int)(kf_f32_bits(a) >> 31));
+    float m = take_a ? a : b;
+    return ((a != a) | (b != b)) ? NAN : m;
+}
+KF_INLINE uint64_t kf_f64_bits(double f) { uint64_t b; memcpy(&b, &f, 8); return b; }
+KF_INLINE double kf_maximum_f64(double a, double b) {
+    int take_a = (a > b) | ((a == b) & (int)(kf_f64_bits(b) >> 63));
+    double m = take_a ? a : b;
+    return ((a != a) | (b != b)) ? NAN : m;
+}
+KF_INLINE double kf_minimum_f64(double a, double b) {
+    int take_a = (a < b) | ((a == b) & (int)(kf_f64_bits(a) >> 63));
+    double m = take_a ? a : b;
+    return ((a != a) | (b != b)) ? NAN : m;
+}
 
 KF_INLINE float kf_rem(float x, float y) {
     float m = fmodf(x, y);
