@@ -390,8 +390,7 @@ fn cost_model_case(
     runs: usize,
     as_json: bool,
 ) -> Result<serde_json::Value> {
-    let program = "%x = input() name=\"x\" : f32[4096, 1]\n%w = input() name=\"w\" : f32[4096, 512]\n%e = exp(%x)\n%t = tanh(%e)\n\
-                   %y = sin(%t)\n%z = mul(%y, %w)\n%z2 = add(%y, %w)\n%q = sub(%z, %z2)\noutput \"q\" = %q\n";
+    let program = include_str!("../../../examples/expensive_broadcast.kf");
     let graph = kfuse::parse(program)?;
     let inputs = inputs_for(&graph)?;
     let cost =

@@ -9,5 +9,6 @@ mod partition;
 
 pub use cost::{CostModel, FixedCostModel};
 pub use partition::{
-    partition, print_partition, FusePolicy, FusionDecision, Kernel, KernelKind, Partition,
+    partition, print_partition, splits_rows, FusePolicy, FusionDecision, Kernel, KernelKind,
+    Partition, MIN_ROW,
 };

@@ -652,13 +652,73 @@ fn merge(graph: &Graph, mut kernels: Vec<Kernel>) -> Vec<Kernel> {
     }
 }
 
+/// Pointwise kernels over rank >= 2 domains with rows of at least this many elements are lowered
+/// as loops over rows with the last axis inside: loads stay contiguous in the inner loop, a
+/// broadcast along the leading axes (a bias) becomes a plain row load, and values constant along
+/// the last axis are computed once per row. Other pointwise kernels loop over the flattened
+/// domain.
+pub const MIN_ROW: usize = 64;
+
+/// Whether a kernel over `domain` reducing `reduce` is lowered as a loop over rows of its last
+/// axis (see [`MIN_ROW`]). Lowering follows this rule, and [`partition`] counts evaluations by it.
+pub fn splits_rows(domain: &Shape, reduce: &[usize]) -> bool {
+    reduce.is_empty() && domain.rank() >= 2 && domain.dims().last().is_some_and(|&d| d >= MIN_ROW)
+}
+
+/// Whether inline node `id` is constant along the inner loop of `kernel` (the reduced axes, or
+/// the last axis of a row-split kernel), so lowering computes it once per outer index: its
+/// shape, aligned to the domain's right, is 1 along every inner axis, and the kernel moves no
+/// data except by broadcasts (a permute or reshape could carry an inner coordinate into it).
+fn per_outer_index(
+    graph: &Graph,
+    id: NodeId,
+    kernel: &Kernel,
+    domain: &Shape,
+    inner: &[usize],
+) -> bool {
+    let dims = graph.node(id).types[0].shape.dims().to_vec();
+    let rank = domain.rank();
+    if inner.is_empty() || dims.len() > rank {
+        return false;
+    }
+    let offset = rank - dims.len();
+    let aligned = (0..rank).all(|a| {
+        let d = if a < offset { 1 } else { dims[a - offset] };
+        (d == domain.dims()[a] || d == 1) && (d == 1 || !inner.contains(&a))
+    });
+    let moves = kernel.nodes.iter().any(|&n| {
+        matches!(
+            graph.node(n).op,
+            Op::Reshape { .. }
+                | Op::Permute { .. }
+                | Op::Slice { .. }
+                | Op::Pad { .. }
+                | Op::Concat { .. }
+                | Op::Flip { .. }
+        )
+    });
+    aligned && !moves
+}
+
 /// How many times kernel `kernel` evaluates inline node `id`: once per element of its own shape
-/// for row-level values (those computed from a reduction), once per domain element otherwise.
+/// for row-level values (those computed from a reduction), once per outer index for values
+/// constant along the inner loop, once per domain element otherwise.
 fn evaluations(graph: &Graph, id: NodeId, kernel: &Kernel) -> f64 {
-    let KernelKind::Fused { domain, .. } = &kernel.kind else {
+    let KernelKind::Fused { domain, reduce } = &kernel.kind else {
         return 0.0;
     };
     let own = graph.node(id).types[0].shape.n_elems() as f64;
+    let inner: Vec<usize> = if !reduce.is_empty() {
+        reduce.clone()
+    } else if splits_rows(domain, reduce) {
+        vec![domain.rank() - 1]
+    } else {
+        vec![]
+    };
+    if per_outer_index(graph, id, kernel, domain, &inner) {
+        let inner_len: usize = inner.iter().map(|&a| domain.dims()[a]).product();
+        return (domain.n_elems() / inner_len.max(1)) as f64;
+    }
     let mut stack = vec![id];
     let mut seen = BTreeSet::new();
     while let Some(n) = stack.pop() {

@@ -207,20 +207,9 @@ impl<'a> Builder<'a> {
         })
     }
 
-    /// Pointwise kernels over rank >= 2 domains with rows of at least this many elements loop
-    /// over rows and, inside, over the last axis: loads stay contiguous in the inner loop and a
-    /// broadcast along the leading axes (a bias) becomes a plain row load, so the inner loop
-    /// vectorizes. Other pointwise kernels loop over the flattened domain.
-    const MIN_ROW: usize = 64;
-
+    /// See [`kfuse_fusion::splits_rows`]: the partitioner's cost estimates rely on the same rule.
     fn split_rows(&self) -> bool {
-        self.reduce.is_empty()
-            && self.domain.rank() >= 2
-            && self
-                .domain
-                .dims()
-                .last()
-                .is_some_and(|&d| d >= Self::MIN_ROW)
+        kfuse_fusion::splits_rows(&self.domain, &self.reduce)
     }
 
     fn outer_dims(&self) -> Vec<usize> {

@@ -454,7 +454,10 @@ fn a_new_batch_size_reuses_the_compiled_kernels() {
         assert!(n > 0);
         for size in [1, 5, 4099] {
             let (hits, n) = cache_hits_at_size(text, size, &dir);
-            assert_eq!(hits, n, "program {p} at size {size}: {hits} of {n} kernels cached");
+            assert_eq!(
+                hits, n,
+                "program {p} at size {size}: {hits} of {n} kernels cached"
+            );
         }
     }
     // A size the index arithmetic uses (flipping the leading axis) is part of the source, so
