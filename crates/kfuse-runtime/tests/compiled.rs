@@ -576,21 +576,11 @@ fn c_header_constants_match_the_rust_definitions() {
     }
 }
 
-#[test]
-fn a_thousand_random_graphs_compiled_in_batches_are_bit_exact() {
-    // Kernels of many graphs share one translation unit, so that compiler start-up does not
-    // dominate; every graph then runs with its kernels taken from the shared library.
+/// Compiles the kernels of `graphs` into shared translation units of 50 graphs each, so that
+/// compiler start-up does not dominate, and makes them the executables' tiers. Returns how many
+/// kernels compiled.
+fn compile_in_batches(graphs: &mut [(u64, Graph, Executable)], numerics: Numerics) -> usize {
     let compiler = kfuse_cpu::Compiler::detect(cache_dir()).expect("a C compiler");
-    let mut graphs = Vec::new();
-    for seed in 0..1000u64 {
-        let mut rng = Rng::new(seed + 90_000);
-        let mut gen = GraphGen::new(&mut rng);
-        gen.allow_custom = false;
-        let graph = gen.generate(2, 12);
-        let exe =
-            kfuse_runtime::compile(&graph, FusePolicy::Cost, &FixedCostModel::default()).unwrap();
-        graphs.push((seed, graph, exe));
-    }
     let mut compiled = 0;
     for batch in graphs.chunks_mut(50) {
         let mut source = String::from(kfuse_cpu::c::MATH_HEADER);
@@ -606,7 +596,7 @@ fn a_thousand_random_graphs_compiled_in_batches_are_bit_exact() {
                 }
             }
         }
-        let (library, path, _) = compiler.compile_library(&source, Numerics::Strict).unwrap();
+        let (library, path, _) = compiler.compile_library(&source, numerics).unwrap();
         for (g, s, name) in names {
             let kernel =
                 kfuse_cpu::CompiledKernel::from_library(library.clone(), &path, &name).unwrap();
@@ -614,18 +604,133 @@ fn a_thousand_random_graphs_compiled_in_batches_are_bit_exact() {
                 kernel,
                 cached: false,
             });
+            batch[g].2.numerics = numerics;
             compiled += 1;
         }
-        for (seed, graph, exe) in batch.iter() {
-            let mut data = Rng::new(*seed);
-            let inputs: Vec<(String, Array)> = graph
-                .inputs()
-                .map(|(_, n, t)| (n.to_string(), random_array(&mut data, t)))
-                .collect();
-            assert_same_as_reference(*seed, graph, &inputs, exe);
+    }
+    compiled
+}
+
+/// `count` random graphs (from `seed0`) of `GraphGen`, as adjusted by `setup`, lowered for
+/// the tile tier; `compile_in_batches` then compiles them.
+fn random_executables(
+    seed0: u64,
+    count: u64,
+    setup: impl Fn(&mut GraphGen),
+) -> Vec<(u64, Graph, Executable)> {
+    (0..count)
+        .map(|seed| {
+            let mut rng = Rng::new(seed + seed0);
+            let mut gen = GraphGen::new(&mut rng);
+            gen.allow_custom = false;
+            setup(&mut gen);
+            let graph = gen.generate(2, 12);
+            let exe = kfuse_runtime::compile(&graph, FusePolicy::Cost, &FixedCostModel::default())
+                .unwrap();
+            (seed, graph, exe)
+        })
+        .collect()
+}
+
+#[test]
+fn a_thousand_random_graphs_compiled_in_batches_are_bit_exact() {
+    let mut graphs = random_executables(90_000, 1000, |_| {});
+    let compiled = compile_in_batches(&mut graphs, Numerics::Strict);
+    assert!(compiled > 1000, "only {compiled} kernels compiled");
+    for (seed, graph, exe) in &graphs {
+        let mut data = Rng::new(*seed);
+        let inputs: Vec<(String, Array)> = graph
+            .inputs()
+            .map(|(_, n, t)| (n.to_string(), random_array(&mut data, t)))
+            .collect();
+        assert_same_as_reference(*seed, graph, &inputs, exe);
+    }
+}
+
+/// The largest magnitude of any value `graph` computes on `inputs`, and the most terms any of
+/// its reductions or matmuls combines into one result.
+fn magnitudes(graph: &Graph, inputs: &[(String, Array)]) -> (f64, usize) {
+    let mut all = graph.clone();
+    let mut terms = 1;
+    for id in graph.node_ids() {
+        let node = graph.node(id);
+        for r in 0..node.types.len() as u32 {
+            let _ = all.add_output(
+                format!("v{}_{r}", id.0),
+                Value {
+                    node: id,
+                    result: r,
+                },
+            );
+        }
+        match &node.op {
+            Op::Reduce { axes, .. } => {
+                let dims = graph.ty(node.operands[0]).shape.dims().to_vec();
+                terms = terms.max(axes.iter().map(|&a| dims[a]).product::<usize>());
+            }
+            Op::MatMul => {
+                let dims = graph.ty(node.operands[0]).shape.dims().to_vec();
+                terms = terms.max(dims.last().copied().unwrap_or(1));
+            }
+            _ => {}
         }
     }
+    let values = kfuse_interp::run(&all, inputs, &CustomOps::new()).unwrap();
+    let scale = values
+        .iter()
+        .flat_map(|(_, a)| (0..a.n_elems()).map(move |i| a.get_f64(i).abs()))
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max);
+    (scale, terms)
+}
+
+#[test]
+fn a_thousand_random_graphs_in_fast_mode_stay_near_the_reference() {
+    // Fast mode reorders and contracts roundings, so it is checked by a tolerance, on graphs
+    // whose ops keep a last-bit difference small (`GraphGen::fast_safe`). Each of the graph's
+    // n ops adds a few roundings of at most eps * scale (scale: the largest intermediate
+    // magnitude); a product multiplies an operand's error by at most scale; a combination of
+    // k terms (sum, matmul) adds k of them. Bugs (a wrong element, op or bound) are errors of
+    // the order of the values themselves, which graphs with scale <= 64 keep far above it.
+    let mut graphs = random_executables(190_000, 1000, |g| g.fast_safe = true);
+    let compiled = compile_in_batches(&mut graphs, Numerics::Fast);
     assert!(compiled > 1000, "only {compiled} kernels compiled");
+    let (mut checked, mut elements) = (0, 0);
+    for (seed, graph, exe) in &graphs {
+        let mut data = Rng::new(*seed);
+        let inputs: Vec<(String, Array)> = graph
+            .inputs()
+            .map(|(_, n, t)| {
+                (
+                    n.to_string(),
+                    kfuse_testkit::bounded_array(&mut data, &t.shape),
+                )
+            })
+            .collect();
+        let (scale, terms) = magnitudes(graph, &inputs);
+        let want = kfuse_interp::run(graph, &inputs, &CustomOps::new()).unwrap();
+        let (got, _) = exe.run(&inputs, &CustomOps::new()).unwrap();
+        let n = graph.nodes().len() as f64;
+        let tol = 8.0 * f32::EPSILON as f64 * n * terms as f64 * scale.max(1.0).powi(2);
+        for ((name, w), (_, g)) in want.iter().zip(&got) {
+            for i in 0..w.n_elems() {
+                let (a, b) = (w.get_f64(i), g.get_f64(i));
+                assert!(
+                    a.is_nan() == b.is_nan() && (a.is_nan() || a == b || (a - b).abs() <= tol),
+                    "seed {seed}: output {name}[{i}]: fast {b:e}, reference {a:e}, tolerance {tol:e}\n{}",
+                    kfuse_ir::text::print_graph(graph)
+                );
+            }
+            elements += w.n_elems();
+        }
+        if scale <= 64.0 {
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= 800 && elements > 10_000,
+        "only {checked} graphs with scale <= 64, {elements} elements"
+    );
 }
 
 #[test]
