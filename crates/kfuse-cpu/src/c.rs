@@ -448,6 +448,22 @@ fn pass_body(
     Ok(body)
 }
 
+/// The 16-lane vector type and combining function of `kfuse_math.h` for a reduction whose
+/// lanes combine like [`combine`], where there is one.
+fn vector_combine(op: ReduceOp, d: DType) -> Option<(&'static str, &'static str)> {
+    Some(match (op, d) {
+        (ReduceOp::Sum, DType::F32) => ("kf_f32x16", "kf_vsum_f32"),
+        (ReduceOp::Prod, DType::F32) => ("kf_f32x16", "kf_vprod_f32"),
+        (ReduceOp::Max, DType::F32) => ("kf_f32x16", "kf_vmax_f32"),
+        (ReduceOp::Min, DType::F32) => ("kf_f32x16", "kf_vmin_f32"),
+        (ReduceOp::Sum, DType::F64) => ("kf_f64x16", "kf_vsum_f64"),
+        (ReduceOp::Prod, DType::F64) => ("kf_f64x16", "kf_vprod_f64"),
+        (ReduceOp::Max, DType::F64) => ("kf_f64x16", "kf_vmax_f64"),
+        (ReduceOp::Min, DType::F64) => ("kf_f64x16", "kf_vmin_f64"),
+        _ => return None,
+    })
+}
+
 fn combine(op: ReduceOp, d: DType, a: &str, b: &str) -> String {
     match (op, d) {
         (ReduceOp::Sum, _) => {
@@ -591,15 +607,26 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
             let id = identity(op, d);
             let c = combine(op, d, "acc[l]", &v(value));
             writeln!(s, "        {t} v{i};\n        {{\n            {t} acc[16];\n            for (int l = 0; l < 16; l++) acc[l] = {id};").unwrap();
-            writeln!(s, "            int64_t jb = 0;\n            for (; jb + 16 <= {n_inner}; jb += 16) {{\n                for (int l = 0; l < 16; l++) {{\n                    int64_t j = jb + l;").unwrap();
-            for line in body.lines() {
-                writeln!(s, "    {line}").unwrap();
+            if let Some(vt) = vector_combine(op, d).filter(|_| vd == d) {
+                // The 16 partial results live in one vector value (registers) over the blocks
+                // of 16 terms; the tail and the pairwise tree use the array.
+                let (vty, f) = vt;
+                writeln!(s, "            int64_t jb = 0;\n            {{\n                {vty} vacc;\n                memcpy(&vacc, acc, sizeof acc);\n                for (; jb + 16 <= {n_inner}; jb += 16) {{\n                    {t} val[16];\n                    for (int l = 0; l < 16; l++) {{\n                        int64_t j = jb + l;").unwrap();
+                for line in body.lines() {
+                    writeln!(s, "        {line}").unwrap();
+                }
+                writeln!(s, "                        val[l] = {};\n                    }}\n                    {vty} x;\n                    memcpy(&x, val, sizeof val);\n                    vacc = {f}(vacc, x);\n                }}\n                memcpy(acc, &vacc, sizeof acc);\n            }}", v(value)).unwrap();
+            } else {
+                writeln!(s, "            int64_t jb = 0;\n            for (; jb + 16 <= {n_inner}; jb += 16) {{\n                for (int l = 0; l < 16; l++) {{\n                    int64_t j = jb + l;").unwrap();
+                for line in body.lines() {
+                    writeln!(s, "    {line}").unwrap();
+                }
+                writeln!(
+                    s,
+                    "                    acc[l] = {c};\n                }}\n            }}"
+                )
+                .unwrap();
             }
-            writeln!(
-                s,
-                "                    acc[l] = {c};\n                }}\n            }}"
-            )
-            .unwrap();
             writeln!(s, "            for (int l = 0; jb + l < {n_inner}; l++) {{\n                int64_t j = jb + l;\n{body}                acc[l] = {c};\n            }}").unwrap();
             let tree = combine(op, d, "acc[2 * l]", "acc[2 * l + 1]");
             writeln!(s, "            for (int w = 8; w >= 1; w /= 2)\n                for (int l = 0; l < w; l++) acc[l] = {tree};\n            v{i} = acc[0];\n        }}").unwrap();

@@ -450,3 +450,40 @@ KF_INLINE void kf_stream_fence(void) {
     __asm__ volatile("sfence" ::: "memory");
 #endif
 }
+
+/* ---- 16-lane reduction accumulators ----
+ * A reduction keeps its 16 partial results (lane l takes the terms j = l mod 16) in one vector
+ * value rather than an array, so they stay in registers across the loop; an array is stored
+ * and reloaded every 16 terms. Each lane combines exactly as the scalar kf_maximum etc. do. */
+typedef float kf_f32x16 __attribute__((vector_size(64)));
+typedef int32_t kf_i32x16 __attribute__((vector_size(64)));
+typedef double kf_f64x16 __attribute__((vector_size(128)));
+typedef int64_t kf_i64x16 __attribute__((vector_size(128)));
+
+KF_INLINE kf_f32x16 kf_vsum_f32(kf_f32x16 a, kf_f32x16 b) { return a + b; }
+KF_INLINE kf_f32x16 kf_vprod_f32(kf_f32x16 a, kf_f32x16 b) { return a * b; }
+KF_INLINE kf_f32x16 kf_vpick_f32(kf_f32x16 a, kf_f32x16 b, kf_i32x16 take_a) {
+    kf_i32x16 nan = (a != a) | (b != b);
+    kf_i32x16 r = ((kf_i32x16)a & take_a) | ((kf_i32x16)b & ~take_a);
+    return (kf_f32x16)((r & ~nan) | (nan & (int32_t)0x7fc00000));
+}
+KF_INLINE kf_f32x16 kf_vmax_f32(kf_f32x16 a, kf_f32x16 b) {
+    return kf_vpick_f32(a, b, (a > b) | ((a == b) & ((kf_i32x16)b >> 31)));
+}
+KF_INLINE kf_f32x16 kf_vmin_f32(kf_f32x16 a, kf_f32x16 b) {
+    return kf_vpick_f32(a, b, (a < b) | ((a == b) & ((kf_i32x16)a >> 31)));
+}
+
+KF_INLINE kf_f64x16 kf_vsum_f64(kf_f64x16 a, kf_f64x16 b) { return a + b; }
+KF_INLINE kf_f64x16 kf_vprod_f64(kf_f64x16 a, kf_f64x16 b) { return a * b; }
+KF_INLINE kf_f64x16 kf_vpick_f64(kf_f64x16 a, kf_f64x16 b, kf_i64x16 take_a) {
+    kf_i64x16 nan = (a != a) | (b != b);
+    kf_i64x16 r = ((kf_i64x16)a & take_a) | ((kf_i64x16)b & ~take_a);
+    return (kf_f64x16)((r & ~nan) | (nan & (int64_t)0x7ff8000000000000ll));
+}
+KF_INLINE kf_f64x16 kf_vmax_f64(kf_f64x16 a, kf_f64x16 b) {
+    return kf_vpick_f64(a, b, (a > b) | ((a == b) & ((kf_i64x16)b >> 63)));
+}
+KF_INLINE kf_f64x16 kf_vmin_f64(kf_f64x16 a, kf_f64x16 b) {
+    return kf_vpick_f64(a, b, (a < b) | ((a == b) & ((kf_i64x16)a >> 63)));
+}
