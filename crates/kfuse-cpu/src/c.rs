@@ -634,38 +634,33 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         }
         writeln!(s, "        {}", statement(kernel, i)?).unwrap();
     }
-    if inner_stores.is_empty() {
-    } else if !streams {
-        s.push_str("        for (int64_t j = j_lo; j < j_hi; j++) {\n");
-        s.push_str(&pass_body(
-            kernel,
-            &passes,
-            final_pass,
-            &staged,
-            "            ",
-        )?);
-        s.push_str("        }\n");
-    } else {
-        // Blocks of STAGE elements: the pass fills L1-resident staging arrays, which are then
-        // streamed to their outputs.
-        writeln!(s, "        for (int64_t jb = j_lo; jb < j_hi; jb += {STAGE}) {{\n            int64_t je = jb + {STAGE} < j_hi ? jb + {STAGE} : j_hi;\n            for (int64_t j = jb; j < je; j++) {{").unwrap();
-        s.push_str(&pass_body(
-            kernel,
-            &passes,
-            final_pass,
-            &staged,
-            "                ",
-        )?);
-        s.push_str("            }\n");
-        for (k, st) in staged.iter().enumerate() {
-            let (Some(st), InstKind::Store { arg, .. }) = (st, kernel.insts[k].kind) else {
-                continue;
-            };
-            let base = st.base.map_or("0".to_string(), v);
-            let t = ctype(kernel.args[arg as usize].ty.dtype);
-            writeln!(s, "            kf_stream(a{arg} + {base} + jb, stage{k}, (int64_t)sizeof({t}) * (je - jb));").unwrap();
+    if !inner_stores.is_empty() {
+        let indent = if streams {
+            "                "
+        } else {
+            "            "
+        };
+        let body = pass_body(kernel, &passes, final_pass, &staged, indent)?;
+        if !streams {
+            writeln!(
+                s,
+                "        for (int64_t j = j_lo; j < j_hi; j++) {{\n{body}        }}"
+            )
+            .unwrap();
+        } else {
+            // Blocks of STAGE elements: the pass fills L1-resident staging arrays, which are then
+            // streamed to their outputs.
+            writeln!(s, "        for (int64_t jb = j_lo; jb < j_hi; jb += {STAGE}) {{\n            int64_t je = jb + {STAGE} < j_hi ? jb + {STAGE} : j_hi;\n            for (int64_t j = jb; j < je; j++) {{\n{body}            }}").unwrap();
+            for (k, st) in staged.iter().enumerate() {
+                let (Some(st), InstKind::Store { arg, .. }) = (st, kernel.insts[k].kind) else {
+                    continue;
+                };
+                let base = st.base.map_or("0".to_string(), v);
+                let t = ctype(kernel.args[arg as usize].ty.dtype);
+                writeln!(s, "            kf_stream(a{arg} + {base} + jb, stage{k}, (int64_t)sizeof({t}) * (je - jb));").unwrap();
+            }
+            s.push_str("        }\n");
         }
-        s.push_str("        }\n");
     }
     s.push_str("    }\n");
     if streams {
