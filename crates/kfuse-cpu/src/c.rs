@@ -276,7 +276,7 @@ struct Staged {
 }
 
 /// Which stores stream (indexed by instruction): in kernels writing at least
-/// [`STREAM_MIN_BYTES`], the final-pass stores whose offset is the inner index plus an
+/// [`STREAM_MIN_BYTES`] whose inner loop does no expensive arithmetic, the final-pass stores whose offset is the inner index plus an
 /// outer-level value, so each pass writes one contiguous run. The staging array has the
 /// argument's type, so the stored bits are those of a plain store.
 fn staged_stores(kernel: &Kernel, levels: &[Level], stores: &[InstId]) -> Vec<Option<Staged>> {
@@ -287,7 +287,14 @@ fn staged_stores(kernel: &Kernel, levels: &[Level], stores: &[InstId]) -> Vec<Op
         .filter(|a| a.access == Access::Write)
         .map(|a| a.ty.size_bytes())
         .sum();
-    if written < STREAM_MIN_BYTES {
+    // Streaming pays where memory bounds the kernel. Where inner-level arithmetic is expensive
+    // (transcendentals, divisions), stores trickle out slowly, partly filled write-combining
+    // buffers flush early, and the staging copy is extra work: measured slower on softmax.
+    let mut memo = vec![None; kernel.insts.len()];
+    let compute_bound = (0..kernel.insts.len()).any(|k| {
+        levels[k] == Level::Inner && expensive(kernel, levels, InstId(k as u32), &mut memo)
+    });
+    if written < STREAM_MIN_BYTES || compute_bound {
         return staged;
     }
     let is_j = |id: InstId| matches!(kernel.inst(id).kind, InstKind::InnerIndex);
