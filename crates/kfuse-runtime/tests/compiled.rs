@@ -18,11 +18,16 @@ fn cache_dir() -> PathBuf {
 }
 
 fn build(graph: &Graph, numerics: Numerics) -> Executable {
+    build_in(graph, numerics, &cache_dir())
+}
+
+/// As [`build`], with the compile cache in `dir`.
+fn build_in(graph: &Graph, numerics: Numerics, dir: &std::path::Path) -> Executable {
     let options = Options {
         policy: FusePolicy::Cost,
         numerics,
         backend: Backend::Auto,
-        cache_dir: cache_dir(),
+        cache_dir: dir.to_path_buf(),
     };
     compile_with(graph, &options, &FixedCostModel::default()).expect("compiles")
 }
@@ -406,13 +411,7 @@ fn a_second_compile_hits_the_cache() {
 /// cache.
 fn cache_hits_at_size(text: &str, n: usize, dir: &std::path::Path) -> (usize, usize) {
     let g = parse_graph(&text.replace("{N}", &n.to_string())).unwrap();
-    let options = Options {
-        policy: FusePolicy::Cost,
-        numerics: Numerics::Strict,
-        backend: Backend::Auto,
-        cache_dir: dir.to_path_buf(),
-    };
-    let exe = compile_with(&g, &options, &FixedCostModel::default()).expect("compiles");
+    let exe = build_in(&g, Numerics::Strict, dir);
     let mut data = Rng::new(n as u64);
     let inputs: Vec<(String, Array)> = g
         .inputs()
