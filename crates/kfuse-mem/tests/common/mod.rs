@@ -1,0 +1,72 @@
+//! Shared test support: the root-and-KSM check that skips loudly, and page contents.
+
+#![allow(dead_code)]
+
+use kfuse_mem::ksm::Ksm;
+use kfuse_mem::process::Procfs;
+use kfuse_mem::sys::{self, FileLock};
+
+/// The system's KSM and the machine-wide KSM lock, or `None` after printing why the test
+/// cannot run here (it needs root and a kernel with KSM).
+pub fn ksm_or_skip(test: &str) -> Option<(Ksm, FileLock)> {
+    let ksm = Ksm::system();
+    if !ksm.available() {
+        eprintln!("SKIPPED {test}: this kernel has no KSM (/sys/kernel/mm/ksm is missing)");
+        return None;
+    }
+    if !sys::is_root() {
+        eprintln!("SKIPPED {test}: changing KSM settings needs root");
+        return None;
+    }
+    let lock = ksm.lock().expect("the KSM lock");
+    Some((ksm, lock))
+}
+
+/// A page of pseudo-random bytes determined by `seed` (splitmix64).
+pub fn page_of(seed: u64) -> Vec<u8> {
+    let page = sys::page_size();
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+    let mut out = Vec::with_capacity(page);
+    while out.len() < page {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        out.extend_from_slice(&z.to_le_bytes());
+    }
+    out
+}
+
+/// A deterministic shuffle of `n` labels, half of them true.
+pub fn balanced_labels(n: usize, seed: u64) -> Vec<bool> {
+    let mut labels: Vec<bool> = (0..n).map(|i| i < n / 2).collect();
+    let mut state = seed | 1;
+    for i in (1..n).rev() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        labels.swap(i, (state % (i as u64 + 1)) as usize);
+    }
+    labels
+}
+
+/// This process's pages that map KSM pages.
+pub fn own_merging_pages() -> u64 {
+    Procfs::system()
+        .ksm(std::process::id())
+        .unwrap()
+        .map_or(0, |p| p.merging_pages)
+}
+
+/// Polls `done` every 20 ms for up to `seconds`; returns the time it took, or `None`.
+pub fn wait_for(seconds: f64, mut done: impl FnMut() -> bool) -> Option<f64> {
+    let start = std::time::Instant::now();
+    while start.elapsed().as_secs_f64() < seconds {
+        if done() {
+            return Some(start.elapsed().as_secs_f64());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    None
+}
