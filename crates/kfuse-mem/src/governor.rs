@@ -233,6 +233,10 @@ impl Governor {
 
     /// Takes a sample of the system.
     pub fn sample(&self) -> Result<Sample, MemError> {
+        self.sample_at(Instant::now())
+    }
+
+    fn sample_at(&self, at: Instant) -> Result<Sample, MemError> {
         let processes = self.procfs.merging_processes()?;
         let mut mergeable_bytes = 0;
         for p in &processes {
@@ -243,7 +247,7 @@ impl Governor {
             }
         }
         Ok(Sample {
-            at: Instant::now(),
+            at,
             counters: self.ksm.counters()?,
             vmstat: self.ksm.vmstat()?,
             ksmd_cpu_seconds: self.ksm.ksmd_cpu_seconds(),
@@ -261,7 +265,13 @@ impl Governor {
 
     /// Samples, decides and applies once.
     pub fn tick(&mut self) -> Result<Tick, MemError> {
-        let sample = self.sample()?;
+        self.tick_at(Instant::now())
+    }
+
+    /// [`Governor::tick`] with the sample stamped `at` (rates are computed between stamps; tests
+    /// replay recorded states with their own clock).
+    pub fn tick_at(&mut self, at: Instant) -> Result<Tick, MemError> {
+        let sample = self.sample_at(at)?;
         let mut events = Vec::new();
         let previous = self.previous.take();
         let dt = previous

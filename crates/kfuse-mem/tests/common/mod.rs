@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 use kfuse_mem::ksm::Ksm;
-use kfuse_mem::process::Procfs;
 use kfuse_mem::sys::{self, FileLock};
 
 /// The system's KSM and the machine-wide KSM lock, or `None` after printing why the test
@@ -51,12 +50,29 @@ pub fn balanced_labels(n: usize, seed: u64) -> Vec<bool> {
     labels
 }
 
-/// This process's pages that map KSM pages.
-pub fn own_merging_pages() -> u64 {
-    Procfs::system()
-        .ksm(std::process::id())
-        .unwrap()
-        .map_or(0, |p| p.merging_pages)
+/// Pages of `region` that map KSM pages now, from the `KSM:` lines of this process's smaps
+/// (exact at once, unlike `ksm_stat`).
+pub fn merged_pages_in(region: &kfuse_mem::sys::Region) -> u64 {
+    let start = region.as_ptr() as u64;
+    let end = start + region.len() as u64;
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut overlapping = false;
+    let mut kib = 0;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+                overlapping = a < end && b > start;
+                continue;
+            }
+        }
+        if let Some(rest) = line.strip_prefix("KSM:") {
+            if overlapping {
+                kib += rest.split_whitespace().next().unwrap().parse::<u64>().unwrap();
+            }
+        }
+    }
+    kib * 1024 / kfuse_mem::sys::page_size() as u64
 }
 
 /// Polls `done` every 20 ms for up to `seconds`; returns the time it took, or `None`.
