@@ -10,6 +10,7 @@ use kfuse::{Array, CustomOps, Graph};
 mod bench;
 mod demo;
 mod explain;
+mod mem;
 
 #[derive(Parser)]
 #[command(
@@ -121,6 +122,11 @@ enum Command {
         /// The program, in the .kf text form.
         program: PathBuf,
     },
+    /// Memory fusion: kernel KSM status, live view, governor, audit, and the dedup pool demo.
+    Mem {
+        #[command(subcommand)]
+        command: mem::MemCommand,
+    },
     /// Run a built-in program on built-in data and show what happened.
     Demo {
         /// Also write the demo's program and outputs into this directory.
@@ -157,6 +163,7 @@ fn main() -> ExitCode {
         Command::Check { program } => check(&program),
         Command::Bench { json, quick, only } => bench::bench(json, quick, &only),
         Command::Demo { output_dir } => demo::demo(output_dir.as_deref()),
+        Command::Mem { command } => mem::mem(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,11 +7,11 @@
 //!   ksmd is stopped (or told to unmerge everything) and the process is named, because kernel
 //!   KSM merges any identical pages, whoever owns them;
 //! - **on and off**: merging runs while there is mergeable memory and it pays; after two full
-//!   scans with a profit below the floor it stops, unless memory is under pressure
+//!   scans ([`SCANS_BEFORE_JUDGING`]) with a profit below the floor it stops, unless memory is under pressure
 //!   (`MemAvailable` low or PSI stalls), which turns it on regardless; it resumes when the
 //!   mergeable memory grows;
-//! - **scan rate**: `pages_to_scan` is set so that all mergeable pages are scanned twice (a page
-//!   merges on its second visit) within the operator's convergence target, but never faster than
+//! - **scan rate**: `pages_to_scan` is set so that all mergeable pages are visited as often as
+//!   merging needs ([`VISITS_TO_MERGE`]) within the operator's convergence target, but never faster than
 //!   the CPU cap allows at the measured CPU cost per scanned page;
 //! - **churn**: copy-on-write faults on merged pages above a rate, and the processes whose merged
 //!   pages fell the most, are reported: merging pages that are then written wastes ksmd's time.
@@ -25,6 +25,14 @@ use crate::ksm::{Counters, Knob, KnobGuard, Ksm, KsmVmstat, Pressure, Run};
 use crate::process::{Domain, Procfs, ProcessKsm};
 use crate::{sys, MemError};
 
+/// Visits of ksmd a page needs before it merges: its checksum is recorded, then found unchanged
+/// and entered in the unstable tree, then matched.
+pub const VISITS_TO_MERGE: u64 = 3;
+
+/// Full scans after which merging is judged on its profit: the visits a page needs, plus the
+/// scan under way when merging started.
+pub const SCANS_BEFORE_JUDGING: u64 = VISITS_TO_MERGE + 1;
+
 /// What to do when a process of another domain has mergeable memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutsiderAction {
@@ -37,7 +45,7 @@ pub enum OutsiderAction {
 /// The operator's targets.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GovernorConfig {
-    /// Seconds in which all mergeable memory should be scanned twice (merged).
+    /// Seconds in which all mergeable memory should be merged.
     pub target_merge_seconds: f64,
     /// The most CPU ksmd may use, as a fraction of one core.
     pub cpu_cap: f64,
@@ -47,7 +55,7 @@ pub struct GovernorConfig {
     pub min_pages_to_scan: u64,
     /// Upper bound on `pages_to_scan`.
     pub max_pages_to_scan: u64,
-    /// Net profit below which merging is stopped after two full scans.
+    /// Net profit below which merging is stopped after [`SCANS_BEFORE_JUDGING`] full scans.
     pub min_profit_bytes: i64,
     /// `MemAvailable / MemTotal` below which memory counts as under pressure.
     pub pressure_available_fraction: f64,
@@ -392,13 +400,13 @@ impl Governor {
                     format!("{} mergeable pages", sample.mergeable_pages)
                 }));
             }
-        } else if !under_pressure && full_scans >= self.full_scans_at_start + 2 {
+        } else if !under_pressure && full_scans >= self.full_scans_at_start + SCANS_BEFORE_JUDGING {
             let profit = sample.counters.general_profit.unwrap_or(0);
             if profit < self.config.min_profit_bytes {
                 self.set_run(Run::Stop)?;
                 self.stopped_at_mergeable = Some(sample.mergeable_pages);
                 events.push(Event::Stopped(format!(
-                    "does not pay: net profit {profit} bytes after two full scans (floor {})",
+                    "does not pay: net profit {profit} bytes after {SCANS_BEFORE_JUDGING} full scans (floor {})",
                     self.config.min_profit_bytes
                 )));
             }
@@ -406,10 +414,11 @@ impl Governor {
 
         // Scan rate.
         if self.running {
-            let wanted = 2.0 * sample.mergeable_pages as f64 / self.config.target_merge_seconds;
+            let wanted = VISITS_TO_MERGE as f64 * sample.mergeable_pages as f64
+                / self.config.target_merge_seconds;
             let mut rate = wanted;
             let mut reason = format!(
-                "{} mergeable pages scanned twice in {} s",
+                "{} mergeable pages visited {VISITS_TO_MERGE} times in {} s",
                 sample.mergeable_pages, self.config.target_merge_seconds
             );
             if let Some(cost) = self.cpu_per_page {

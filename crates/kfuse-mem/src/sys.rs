@@ -446,3 +446,25 @@ pub fn random_bytes(bytes: &mut [u8]) -> io::Result<()> {
     }
     Ok(())
 }
+
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn request_stop(_signal: libc::c_int) {
+    STOP.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Makes SIGINT and SIGTERM set a flag instead of killing the process, so a long-running loop
+/// (the governor, `mem top`) can stop cleanly and restore what it changed.
+pub fn install_stop_handlers() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            libc::signal(signal, request_stop as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+/// Whether SIGINT or SIGTERM arrived since [`install_stop_handlers`].
+pub fn stop_requested() -> bool {
+    STOP.load(std::sync::atomic::Ordering::SeqCst)
+}

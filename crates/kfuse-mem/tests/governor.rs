@@ -127,8 +127,8 @@ fn the_scan_rate_follows_the_convergence_target_until_the_cpu_cap_binds() {
     let tick = g.tick_at(t0).unwrap();
     assert!(tick.running && m.knob("run") == "1");
     assert!(has(&tick.events, |e| matches!(e, Event::Started(_))));
-    // Two passes over 102400 pages in 4 s = 51200 pages/s = 1024 per 20 ms batch.
-    assert_eq!(m.knob("pages_to_scan"), "1024");
+    // Three visits to 102400 pages in 4 s = 76800 pages/s = 1536 per 20 ms batch.
+    assert_eq!(m.knob("pages_to_scan"), "1536");
     // One second later ksmd scanned 51200 pages and used 0.2 s of CPU (ticks of 1/100 s):
     // 3.9 µs per page, so the 10% cap allows 25600 pages/s = 512 per batch.
     m.counters(51_200, 0, 0, 0);
@@ -148,8 +148,11 @@ fn merging_stops_when_it_does_not_pay_and_starts_under_pressure() {
     let mut g = governor(&m, GovernorConfig::default());
     let t0 = Instant::now();
     assert!(g.tick_at(t0).unwrap().running);
-    // Two full scans, and the profit is below the 1 MiB floor.
-    m.counters(100_000, 2, 10, 4096);
+    // Three full scans are not enough to judge (a page needs up to three visits to merge).
+    m.counters(60_000, 3, 0, -4096);
+    assert!(g.tick_at(t0 + Duration::from_secs(3)).unwrap().running);
+    // Four full scans, and the profit is below the 1 MiB floor.
+    m.counters(100_000, 4, 10, 4096);
     let tick = g.tick_at(t0 + Duration::from_secs(5)).unwrap();
     assert!(!tick.running && m.knob("run") == "0");
     assert!(has(&tick.events, |e| matches!(e, Event::Stopped(w) if w.contains("does not pay"))));

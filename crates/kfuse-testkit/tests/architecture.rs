@@ -36,7 +36,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "kfuse-runtime",
         ],
     ),
-    ("kfuse-cli", &["kfuse"]),
+    ("kfuse-mem", &[]),
+    ("kfuse-cli", &["kfuse", "kfuse-mem"]),
     ("kfuse-testkit", &["kfuse-ir"]),
 ];
 
