@@ -1,0 +1,289 @@
+//! `kfuse mem` end to end: status in every format, `run`, the audit and the governor's domain
+//! admission with real processes of two users, the demo, and bad input. Tests that change KSM
+//! settings need root and take the machine-wide KSM lock; without root they say so and skip.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use kfuse_mem::ksm::{Knob, KnobGuard, Ksm};
+use kfuse_mem::process::Procfs;
+use kfuse_mem::sys;
+
+const NOBODY: u32 = 65534;
+
+fn kfuse(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kfuse"))
+        .args(args)
+        .output()
+        .expect("kfuse runs")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn root_and_ksm(test: &str) -> Option<(Ksm, sys::FileLock)> {
+    let ksm = Ksm::system();
+    if !ksm.available() {
+        eprintln!("SKIPPED {test}: this kernel has no KSM");
+        return None;
+    }
+    if !sys::is_root() {
+        eprintln!("SKIPPED {test}: needs root (changes KSM settings, runs processes as another user)");
+        return None;
+    }
+    let lock = ksm.lock().unwrap();
+    Some((ksm, lock))
+}
+
+/// A `kfuse mem hold` process; it exits when dropped (its stdin closes).
+struct Holder {
+    child: Child,
+}
+
+impl Holder {
+    fn start(args: &[&str], uid: Option<u32>) -> Holder {
+        use std::os::unix::process::CommandExt;
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kfuse"));
+        command
+            .args(["mem", "hold"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        if let Some(uid) = uid {
+            command.uid(uid).gid(uid);
+        }
+        let mut child = command.spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("ready"), "holder did not start: {line:?}");
+        Holder { child }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn ksm_bytes(&self) -> u64 {
+        Procfs::system()
+            .smaps_ksm(self.pid())
+            .unwrap()
+            .map_or(0, |s| s.ksm_bytes)
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn status_reports_in_text_json_and_prometheus() {
+    if !Ksm::system().available() {
+        eprintln!("SKIPPED status_reports_in_text_json_and_prometheus: no KSM in this kernel");
+        return;
+    }
+    let text = kfuse(&["mem", "status", "--window", "0.1"]);
+    assert!(text.status.success(), "{}", stderr(&text));
+    assert!(stdout(&text).contains("saved") && stdout(&text).contains("profit"));
+    let json = kfuse(&["mem", "status", "--json", "--window", "0.1"]);
+    assert!(json.status.success(), "{}", stderr(&json));
+    let value: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    for key in ["kernel", "knobs", "counters", "savings", "rates", "processes"] {
+        assert!(value.get(key).is_some(), "no `{key}` in {value}");
+    }
+    let knobs = value["knobs"].as_object().unwrap();
+    assert_eq!(
+        knobs["pages_to_scan"].as_u64(),
+        Ksm::system().get(Knob::PagesToScan).unwrap()
+    );
+    let sharing = value["counters"]["pages_sharing"].as_u64().unwrap();
+    let page = sys::page_size() as u64;
+    let zero = value["counters"]["ksm_zero_pages"].as_u64().unwrap_or(0);
+    assert_eq!(value["savings"]["saved_bytes"].as_u64().unwrap(), (sharing + zero) * page);
+    let prom = kfuse(&["mem", "status", "--prometheus", "--window", "0"]);
+    let prom = stdout(&prom);
+    assert!(prom.contains("# TYPE kfuse_ksm_pages_sharing gauge"));
+    assert!(prom.contains("kfuse_ksm_knob{knob=\"run\"}"));
+    // Every sample line belongs to a family declared before it.
+    let mut declared = std::collections::HashSet::new();
+    for line in prom.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            declared.insert(rest.split_whitespace().next().unwrap().to_string());
+        } else if !line.starts_with('#') {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(declared.contains(name), "undeclared sample {line}");
+        }
+    }
+}
+
+#[test]
+fn mem_run_starts_a_program_with_merging_on() {
+    if !std::path::Path::new("/proc/self/ksm_stat").exists() {
+        eprintln!("SKIPPED mem_run_starts_a_program_with_merging_on: no /proc/<pid>/ksm_stat");
+        return;
+    }
+    let out = kfuse(&["mem", "run", "--", "cat", "/proc/self/ksm_stat"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("ksm_merge_any: yes"), "{}", stdout(&out));
+    let plain = Command::new("cat").arg("/proc/self/ksm_stat").output().unwrap();
+    assert!(stdout(&plain).contains("ksm_merge_any: no"));
+    let missing = kfuse(&["mem", "run", "--", "/nonexistent/program"]);
+    assert!(!missing.status.success());
+    assert!(stderr(&missing).contains("cannot start `/nonexistent/program`"));
+}
+
+/// Runs ksmd fast until every holder's weights map KSM pages.
+fn merge_all(ksm: &Ksm, holders: &[&Holder], bytes_each: u64) -> KnobGuard {
+    let mut guard = KnobGuard::new(ksm);
+    guard.set(Knob::PagesToScan, 5_000).unwrap();
+    guard.set(Knob::SleepMillisecs, 10).unwrap();
+    guard.set(Knob::Run, 1).unwrap();
+    let start = Instant::now();
+    while holders.iter().any(|h| h.ksm_bytes() < bytes_each * 95 / 100) {
+        assert!(start.elapsed() < Duration::from_secs(60), "ksmd did not merge in 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Stop scanning so the pages stay as they are while audited.
+    guard.set(Knob::Run, 0).unwrap();
+    guard
+}
+
+#[test]
+fn the_audit_flags_pages_shared_across_users_and_nothing_else() {
+    let Some((ksm, _lock)) = root_and_ksm("the_audit_flags_pages_shared_across_users_and_nothing_else")
+    else {
+        return;
+    };
+    let before = ksm.settings().unwrap();
+    let mib = 2u64;
+    // Seed 5 is held by root and by nobody; seed 6 by two root processes.
+    let root_a = Holder::start(&["--mib", "2", "--seed", "5", "--merge"], None);
+    let nobody = Holder::start(&["--mib", "2", "--seed", "5", "--merge"], Some(NOBODY));
+    let root_b = Holder::start(&["--mib", "2", "--seed", "6", "--merge"], None);
+    let root_c = Holder::start(&["--mib", "2", "--seed", "6", "--merge"], None);
+    let mut guard = merge_all(&ksm, &[&root_a, &nobody, &root_b, &root_c], mib << 20);
+    let out = kfuse(&["mem", "audit", "--json", "--threshold", "64"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let groups = report["cross_domain"].as_array().unwrap();
+    let pages = (mib << 20) / sys::page_size() as u64;
+    let ours: Vec<&serde_json::Value> = groups
+        .iter()
+        .filter(|g| {
+            g["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["pid"] == root_a.pid() || p["pid"] == nobody.pid())
+        })
+        .collect();
+    assert_eq!(ours.len(), 1, "{report}");
+    let group = ours[0];
+    assert_eq!(group["domains"], serde_json::json!(["uid:0", format!("uid:{NOBODY}")]));
+    assert!(group["pages"].as_u64().unwrap() >= pages * 9 / 10, "{group}");
+    assert_eq!(group["anomaly"], true);
+    for g in groups {
+        for p in g["processes"].as_array().unwrap() {
+            assert!(
+                p["pid"] != root_b.pid() && p["pid"] != root_c.pid(),
+                "same-domain sharing was reported: {g}"
+            );
+        }
+    }
+    assert!(report["same_domain_pages"].as_u64().unwrap() >= pages * 9 / 10);
+    let alarm = kfuse(&["mem", "audit", "--threshold", "64", "--fail-on-anomaly"]);
+    assert_eq!(alarm.status.code(), Some(3), "{}", stdout(&alarm));
+    assert!(stdout(&alarm).contains("ANOMALY"));
+    drop((root_a, nobody, root_b, root_c));
+    guard.restore().unwrap();
+    assert_eq!(ksm.settings().unwrap(), before);
+}
+
+#[test]
+fn the_governor_stops_merging_for_an_outsider_and_names_it() {
+    let Some((ksm, _lock)) = root_and_ksm("the_governor_stops_merging_for_an_outsider_and_names_it")
+    else {
+        return;
+    };
+    let before = ksm.settings().unwrap();
+    let insider = Holder::start(&["--mib", "1", "--seed", "7", "--merge"], None);
+    let governed = |extra: &[&str]| {
+        let mut args = vec![
+            "mem", "govern", "--admit", "uid:0", "--json", "--interval", "0.2", "--duration", "0.5",
+        ];
+        args.extend_from_slice(extra);
+        let out = kfuse(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let ticks: Vec<serde_json::Value> = stdout(&out)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert!(stderr(&out).contains("restored"));
+        ticks
+    };
+    let ticks = governed(&[]);
+    assert_eq!(ticks[0]["running"], true, "{ticks:?}");
+    assert!(ticks[0]["events"][0].as_str().unwrap().starts_with("merging on"));
+    let outsider = Holder::start(&["--mib", "1", "--seed", "7", "--merge"], Some(NOBODY));
+    let ticks = governed(&[]);
+    let events: Vec<String> = ticks
+        .iter()
+        .flat_map(|t| t["events"].as_array().unwrap().iter())
+        .map(|e| e.as_str().unwrap().to_string())
+        .collect();
+    assert!(ticks.iter().all(|t| t["running"] == false), "{ticks:?}");
+    let named = format!("process {} (kfuse) of uid:{NOBODY}", outsider.pid());
+    assert!(events.iter().any(|e| e.contains(&named)), "{events:?}");
+    assert!(!events.iter().any(|e| e.contains(&format!("process {} ", insider.pid()))));
+    drop((insider, outsider));
+    assert_eq!(ksm.settings().unwrap(), before, "the governor restored every knob");
+}
+
+#[test]
+fn the_demo_shares_weights_through_ksm_and_the_pool() {
+    let out = kfuse(&["mem", "demo", "--workers", "2", "--mib", "4"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("2. The dedup pool"), "{text}");
+    // The pool line: workers' PSS is about one copy, well under their RSS.
+    let line = text.lines().find(|l| l.contains("workers: RSS")).unwrap();
+    let numbers: Vec<f64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (rss, pss) = (numbers[0], numbers[1]);
+    assert!(pss < 0.75 * rss, "pool sharing does not show in PSS: {line}");
+    if sys::is_root() && Ksm::system().available() {
+        assert!(text.contains("map KSM pages"), "{text}");
+        assert!(text.contains("was refused"), "{text}");
+    } else {
+        eprintln!("note: the demo's kernel-KSM and cross-domain parts need root; only the pool part was checked");
+    }
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    let cases: [(&[&str], &str); 5] = [
+        (&["mem", "hold", "--mib", "1", "--seed", "1", "--pool", "/nonexistent/pool.sock"], "cannot connect to the pool at /nonexistent/pool.sock"),
+        (&["mem", "govern", "--admit", "tenant-a"], "bad domain `tenant-a`"),
+        (&["mem", "status", "--window=-1"], "--window"),
+        (&["mem", "top", "--interval", "0"], "--interval"),
+        (&["mem", "demo", "--workers", "0"], "at least one worker"),
+    ];
+    for (args, message) in cases {
+        let out = kfuse(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr(&out).contains(message), "{args:?}: {}", stderr(&out));
+        assert!(!stderr(&out).contains("panicked"), "{args:?}");
+    }
+}
