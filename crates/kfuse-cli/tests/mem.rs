@@ -127,6 +127,18 @@ fn status_reports_in_text_json_and_prometheus() {
 }
 
 #[test]
+fn top_refreshes_the_given_number_of_times() {
+    if !Ksm::system().available() {
+        eprintln!("SKIPPED top_refreshes_the_given_number_of_times: no KSM in this kernel");
+        return;
+    }
+    let out = kfuse(&["mem", "top", "--interval", "0.05", "--iterations", "3"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).matches("kfuse mem top").count(), 3);
+    assert!(!stdout(&out).contains('\x1b'), "no screen clearing when not on a terminal");
+}
+
+#[test]
 fn mem_run_starts_a_program_with_merging_on() {
     if !std::path::Path::new("/proc/self/ksm_stat").exists() {
         eprintln!("SKIPPED mem_run_starts_a_program_with_merging_on: no /proc/<pid>/ksm_stat");

@@ -14,7 +14,8 @@
 //!   merging needs ([`VISITS_TO_MERGE`]) within the operator's convergence target, but never faster than
 //!   the CPU cap allows at the measured CPU cost per scanned page;
 //! - **churn**: copy-on-write faults on merged pages above a rate, and the processes whose merged
-//!   pages fell the most, are reported: merging pages that are then written wastes ksmd's time.
+//!   pages fell the most, are reported, as is a process whose pages are merged, written and merged
+//!   again cycle after cycle: merging pages that are then written wastes ksmd's time.
 //!
 //! The governor changes knobs through a [`KnobGuard`], so they are restored when it stops.
 
@@ -111,6 +112,16 @@ pub enum Event {
         /// Its domain.
         domain: Domain,
     },
+    /// A process's pages keep being merged, written (unmerged) and merged again: ksmd's work
+    /// on them is wasted. Marking the region unmergeable (or not marking it) is the fix.
+    Remerging {
+        /// Its pid.
+        pid: u32,
+        /// Its name.
+        name: String,
+        /// Completed merge-unmerge-merge cycles seen.
+        cycles: u32,
+    },
     /// Merged pages are being written.
     Churn {
         /// Copy-on-write faults on KSM pages per second.
@@ -132,6 +143,10 @@ impl std::fmt::Display for Event {
             Event::Outsider { pid, name, domain } => write!(
                 f,
                 "process {pid} ({name}) of {domain} has mergeable memory outside the admitted domain"
+            ),
+            Event::Remerging { pid, name, cycles } => write!(
+                f,
+                "process {pid} ({name}) had its merged pages written and merged again {cycles} times"
             ),
             Event::Churn {
                 cow_per_second,
@@ -195,6 +210,17 @@ pub struct Governor {
     full_scans_at_start: u64,
     stopped_at_mergeable: Option<u64>,
     cpu_per_page: Option<f64>,
+    cycles: HashMap<u32, MergeCycles>,
+}
+
+/// Cycles at which re-merging is reported.
+pub const REMERGE_CYCLES: u32 = 3;
+
+/// A process's merged-page count over time: did it fall (pages written), and then rise again?
+#[derive(Clone, Copy, Debug, Default)]
+struct MergeCycles {
+    fell: bool,
+    cycles: u32,
 }
 
 impl Governor {
@@ -231,6 +257,7 @@ impl Governor {
             full_scans_at_start: 0,
             stopped_at_mergeable: None,
             cpu_per_page: None,
+            cycles: HashMap::new(),
         })
     }
 
@@ -368,6 +395,30 @@ impl Governor {
                         cow_per_second,
                         processes: losers,
                     });
+                }
+            }
+        }
+
+        // Re-merging: merged pages that fall and then rise again, tick after tick.
+        if let Some(p) = &previous {
+            let earlier: HashMap<u32, u64> =
+                p.processes.iter().map(|q| (q.pid, q.merging_pages)).collect();
+            self.cycles.retain(|pid, _| sample.processes.iter().any(|q| q.pid == *pid));
+            for q in &sample.processes {
+                let Some(&before) = earlier.get(&q.pid) else { continue };
+                let state = self.cycles.entry(q.pid).or_default();
+                if q.merging_pages < before {
+                    state.fell = true;
+                } else if q.merging_pages > before && state.fell {
+                    state.fell = false;
+                    state.cycles += 1;
+                    if state.cycles >= REMERGE_CYCLES {
+                        events.push(Event::Remerging {
+                            pid: q.pid,
+                            name: q.name.clone(),
+                            cycles: state.cycles,
+                        });
+                    }
                 }
             }
         }

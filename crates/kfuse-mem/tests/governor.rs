@@ -214,6 +214,30 @@ fn write_churn_names_the_process_that_breaks_merges() {
     assert_eq!(churn.1, vec![(200, "writer".to_string(), 4000)]);
 }
 
+#[test]
+fn a_process_whose_pages_are_merged_again_and_again_is_named() {
+    let m = Machine::new("remerge");
+    m.process(100, "steady", 1000, 64 * 1024, 5000);
+    m.process(200, "flapper", 1000, 64 * 1024, 5000);
+    let mut g = governor(&m, GovernorConfig::default());
+    let t0 = Instant::now();
+    let mut named = Vec::new();
+    g.tick_at(t0).unwrap();
+    for step in 1..=8u64 {
+        // The flapper's merged pages alternate between 1000 and 5000.
+        let merging = if step % 2 == 1 { 1000 } else { 5000 };
+        m.process(200, "flapper", 1000, 64 * 1024, merging);
+        let tick = g.tick_at(t0 + Duration::from_secs(step)).unwrap();
+        for e in tick.events {
+            if let Event::Remerging { pid, cycles, .. } = e {
+                named.push((step, pid, cycles));
+            }
+        }
+    }
+    // Cycles complete at steps 2, 4, 6, 8; the third and fourth are reported.
+    assert_eq!(named, vec![(6, 200, 3), (8, 200, 4)]);
+}
+
 /// Time for this process's region of duplicated pages to merge, while `drive` runs each 100 ms.
 fn time_to_merge(seed: u64, pages: usize, mut drive: impl FnMut()) -> f64 {
     let page = sys::page_size();
