@@ -701,7 +701,8 @@ impl Workers {
                 .arg("hold")
                 .args(args)
                 .stdin(Stdio::piped())
-                .stdout(Stdio::piped());
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
             if let Some(uid) = uid {
                 command.uid(uid).gid(uid);
             }
@@ -712,8 +713,13 @@ impl Workers {
             let mut line = String::new();
             BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line)?;
             if !line.starts_with("ready") {
+                let mut message = String::new();
+                std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut message)?;
                 let status = child.wait()?;
-                bail!("a worker failed to start ({status})");
+                bail!(
+                    "a worker failed ({status}): {}",
+                    message.trim().trim_start_matches("error: ")
+                );
             }
         }
         Ok(workers)

@@ -139,11 +139,6 @@ impl Mapping {
         &mut self.region.as_mut_slice()[..self.len]
     }
 
-    /// The address of the first byte (for timing probes).
-    pub fn as_ptr(&self) -> *const u8 {
-        self.region.as_ptr()
-    }
-
     /// How many of its pages are its own anonymous memory rather than pool pages.
     pub fn private_pages(&self) -> usize {
         self.private.iter().filter(|p| **p).count()

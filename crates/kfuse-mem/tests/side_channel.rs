@@ -38,12 +38,6 @@ fn secrets_and_guesses(seed: u64) -> (Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<bool>) {
     (secrets, guesses, labels)
 }
 
-fn pointers(base: *const u8, pages: usize) -> Vec<*mut u8> {
-    (0..pages)
-        .map(|i| base.wrapping_add(i * sys::page_size()) as *mut u8)
-        .collect()
-}
-
 fn report(what: &str, s: &Separation) {
     eprintln!(
         "{what}: AUC {:.3} (chance sigma {:.3}), median write time ratio right/wrong guess {:.2}",
@@ -82,8 +76,7 @@ fn the_write_probe_identifies_pages_merged_by_kernel_ksm() {
     );
     // Stop ksmd so it does not re-merge or touch pages while they are timed.
     guard.set(Knob::Run, 0).unwrap();
-    // SAFETY: the probe region is ours and nothing else touches it.
-    let times = unsafe { time_first_writes(&pointers(probe.as_ptr(), GUESSES)) };
+    let times = time_first_writes(probe.as_mut_slice(), page);
     let result = separation(&times, &labels);
     report("kernel KSM", &result);
     assert!(
@@ -106,9 +99,8 @@ fn pool_probe(victim_pool: &mut Pool, probe_pool: Option<&mut Pool>, seed: u64) 
         Some(p) => p,
         None => victim_pool,
     };
-    let probe = probe_pool.insert("probe", &guesses).unwrap();
-    // SAFETY: the probe mapping is ours and nothing else touches it.
-    let times = unsafe { time_first_writes(&pointers(probe.as_ptr(), GUESSES)) };
+    let mut probe = probe_pool.insert("probe", &guesses).unwrap();
+    let times = time_first_writes(probe.as_mut_slice(), sys::page_size());
     separation(&times, &labels)
 }
 
