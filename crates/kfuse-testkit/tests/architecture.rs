@@ -131,3 +131,16 @@ fn core_crates_do_no_io_and_no_unsafe() {
         }
     }
 }
+
+#[test]
+fn memory_fusion_keeps_its_unsafe_code_in_one_module() {
+    let mut files = Vec::new();
+    rust_files(&crates_dir().join("kfuse-mem").join("src"), &mut files);
+    assert!(files.len() > 1);
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        if file.file_name().unwrap() != "sys.rs" {
+            assert!(!text.contains("unsafe"), "{} uses unsafe", file.display());
+        }
+    }
+}
