@@ -54,7 +54,7 @@ fn preview(array: &Array) -> String {
 
 pub fn demo(output_dir: Option<&Path>) -> Result<()> {
     let text = DEMO_PROGRAM;
-    let graph = kfuse::parse_graph(&text).map_err(|e| anyhow::anyhow!(e.in_file("<demo>")))?;
+    let graph = kfuse::parse_graph(text).map_err(|e| anyhow::anyhow!(e.in_file("<demo>")))?;
     println!("kfuse demo: a classifier head (layer norm, GELU dense layer, softmax) in the .kf text form");
     println!("\n== program, as parsed and printed back with inferred types ==");
     print!("{}", kfuse::print_graph(&graph));

@@ -186,7 +186,10 @@ struct Snapshot {
 
 fn snapshot(ksm: &Ksm) -> Result<Snapshot> {
     if !ksm.available() {
-        bail!("this kernel has no KSM: {} is missing", ksm.root().display());
+        bail!(
+            "this kernel has no KSM: {} is missing",
+            ksm.root().display()
+        );
     }
     Ok(Snapshot {
         at: Instant::now(),
@@ -302,13 +305,41 @@ fn status_prometheus(s: &Snapshot, r: &Rates) -> String {
     let mut e = Exposition::new();
     let c = &s.counters;
     let gauges: [(&str, &str, Option<u64>); 7] = [
-        ("kfuse_ksm_pages_shared", "KSM pages in use (the kept copies)", c.pages_shared),
-        ("kfuse_ksm_pages_sharing", "Sites sharing KSM pages (pages saved)", c.pages_sharing),
-        ("kfuse_ksm_pages_unshared", "Pages tracked but unique", c.pages_unshared),
-        ("kfuse_ksm_pages_volatile", "Pages changing too fast to merge", c.pages_volatile),
-        ("kfuse_ksm_zero_pages", "Empty pages merged into the zero page", c.ksm_zero_pages),
-        ("kfuse_ksm_stable_node_chains", "Chains of duplicate stable nodes", c.stable_node_chains),
-        ("kfuse_ksm_stable_node_dups", "Duplicate stable nodes", c.stable_node_dups),
+        (
+            "kfuse_ksm_pages_shared",
+            "KSM pages in use (the kept copies)",
+            c.pages_shared,
+        ),
+        (
+            "kfuse_ksm_pages_sharing",
+            "Sites sharing KSM pages (pages saved)",
+            c.pages_sharing,
+        ),
+        (
+            "kfuse_ksm_pages_unshared",
+            "Pages tracked but unique",
+            c.pages_unshared,
+        ),
+        (
+            "kfuse_ksm_pages_volatile",
+            "Pages changing too fast to merge",
+            c.pages_volatile,
+        ),
+        (
+            "kfuse_ksm_zero_pages",
+            "Empty pages merged into the zero page",
+            c.ksm_zero_pages,
+        ),
+        (
+            "kfuse_ksm_stable_node_chains",
+            "Chains of duplicate stable nodes",
+            c.stable_node_chains,
+        ),
+        (
+            "kfuse_ksm_stable_node_dups",
+            "Duplicate stable nodes",
+            c.stable_node_dups,
+        ),
     ];
     for (name, help, value) in gauges {
         if let Some(v) = value {
@@ -316,18 +347,43 @@ fn status_prometheus(s: &Snapshot, r: &Rates) -> String {
         }
     }
     let counters: [(&str, &str, Option<u64>); 5] = [
-        ("kfuse_ksm_full_scans_total", "Full scans by ksmd", c.full_scans),
-        ("kfuse_ksm_pages_scanned_total", "Pages scanned by ksmd", c.pages_scanned),
-        ("kfuse_ksm_pages_skipped_total", "Pages skipped by smart scan", c.pages_skipped),
-        ("kfuse_ksm_cow_faults_total", "Copy-on-write faults on KSM pages", s.vmstat.cow_ksm),
-        ("kfuse_ksm_swapin_copies_total", "KSM pages copied on swap-in", s.vmstat.ksm_swpin_copy),
+        (
+            "kfuse_ksm_full_scans_total",
+            "Full scans by ksmd",
+            c.full_scans,
+        ),
+        (
+            "kfuse_ksm_pages_scanned_total",
+            "Pages scanned by ksmd",
+            c.pages_scanned,
+        ),
+        (
+            "kfuse_ksm_pages_skipped_total",
+            "Pages skipped by smart scan",
+            c.pages_skipped,
+        ),
+        (
+            "kfuse_ksm_cow_faults_total",
+            "Copy-on-write faults on KSM pages",
+            s.vmstat.cow_ksm,
+        ),
+        (
+            "kfuse_ksm_swapin_copies_total",
+            "KSM pages copied on swap-in",
+            s.vmstat.ksm_swpin_copy,
+        ),
     ];
     for (name, help, value) in counters {
         if let Some(v) = value {
             e.single(name, "counter", help, v as f64);
         }
     }
-    e.single("kfuse_ksm_saved_bytes", "gauge", "Bytes saved by merging", savings.saved_bytes as f64);
+    e.single(
+        "kfuse_ksm_saved_bytes",
+        "gauge",
+        "Bytes saved by merging",
+        savings.saved_bytes as f64,
+    );
     e.single(
         "kfuse_ksm_profit_bytes",
         "gauge",
@@ -335,29 +391,68 @@ fn status_prometheus(s: &Snapshot, r: &Rates) -> String {
         savings.profit_bytes as f64,
     );
     if let Some(rmap) = savings.rmap_bytes {
-        e.single("kfuse_ksm_rmap_bytes", "gauge", "Bytes of reverse-map items", rmap as f64);
+        e.single(
+            "kfuse_ksm_rmap_bytes",
+            "gauge",
+            "Bytes of reverse-map items",
+            rmap as f64,
+        );
     }
     if let Some(cpu) = s.ksmd_cpu {
-        e.single("kfuse_ksmd_cpu_seconds_total", "counter", "CPU time used by ksmd", cpu);
+        e.single(
+            "kfuse_ksmd_cpu_seconds_total",
+            "counter",
+            "CPU time used by ksmd",
+            cpu,
+        );
     }
     if let Some(f) = r.ksmd_cpu_fraction {
-        e.single("kfuse_ksmd_cpu_fraction", "gauge", "ksmd CPU use over the window, of one core", f);
+        e.single(
+            "kfuse_ksmd_cpu_fraction",
+            "gauge",
+            "ksmd CPU use over the window, of one core",
+            f,
+        );
     }
     e.family("kfuse_ksm_knob", "gauge", "KSM settings");
     for (knob, value) in &s.settings {
         e.sample("kfuse_ksm_knob", &[("knob", knob.file())], *value as f64);
     }
-    e.family("kfuse_ksm_process_merging_pages", "gauge", "Pages of a process mapping KSM pages");
+    e.family(
+        "kfuse_ksm_process_merging_pages",
+        "gauge",
+        "Pages of a process mapping KSM pages",
+    );
     for p in &s.processes {
         let (pid, uid) = (p.pid.to_string(), p.uid.to_string());
-        let labels = [("pid", pid.as_str()), ("name", p.name.as_str()), ("uid", uid.as_str())];
-        e.sample("kfuse_ksm_process_merging_pages", &labels, p.merging_pages as f64);
+        let labels = [
+            ("pid", pid.as_str()),
+            ("name", p.name.as_str()),
+            ("uid", uid.as_str()),
+        ];
+        e.sample(
+            "kfuse_ksm_process_merging_pages",
+            &labels,
+            p.merging_pages as f64,
+        );
     }
-    e.family("kfuse_ksm_process_profit_bytes", "gauge", "A process's saving net of its rmap cost");
+    e.family(
+        "kfuse_ksm_process_profit_bytes",
+        "gauge",
+        "A process's saving net of its rmap cost",
+    );
     for p in &s.processes {
         let (pid, uid) = (p.pid.to_string(), p.uid.to_string());
-        let labels = [("pid", pid.as_str()), ("name", p.name.as_str()), ("uid", uid.as_str())];
-        e.sample("kfuse_ksm_process_profit_bytes", &labels, p.profit_bytes as f64);
+        let labels = [
+            ("pid", pid.as_str()),
+            ("name", p.name.as_str()),
+            ("uid", uid.as_str()),
+        ];
+        e.sample(
+            "kfuse_ksm_process_profit_bytes",
+            &labels,
+            p.profit_bytes as f64,
+        );
     }
     e.finish()
 }
@@ -394,16 +489,20 @@ fn status_text(s: &Snapshot, r: &Rates) -> String {
     out += &format!(
         "  profit      {} net of {} reverse-map items; sharing factor {:.2}\n",
         mib(savings.profit_bytes as f64),
-        savings.rmap_bytes.map_or("(unknown)".to_string(), |b| mib(b as f64)),
+        savings
+            .rmap_bytes
+            .map_or("(unknown)".to_string(), |b| mib(b as f64)),
         savings.sharing_factor
     );
     out += &format!(
         "  scanning    {} pages per {} ms; {} pages/s measured over {:.1} s; ksmd CPU {}\n",
         opt(knob_value(&s.settings, Knob::PagesToScan)),
         opt(knob_value(&s.settings, Knob::SleepMillisecs)),
-        r.pages_scanned_per_second.map_or("n/a".into(), |v| format!("{v:.0}")),
+        r.pages_scanned_per_second
+            .map_or("n/a".into(), |v| format!("{v:.0}")),
         r.seconds,
-        r.ksmd_cpu_fraction.map_or("n/a".into(), |f| format!("{:.1}%", 100.0 * f)),
+        r.ksmd_cpu_fraction
+            .map_or("n/a".into(), |f| format!("{:.1}%", 100.0 * f)),
     );
     out += &format!(
         "  merging     {} tracked pages: a full scan takes {} at this rate, a new duplicate merges within {}\n",
@@ -433,7 +532,13 @@ fn status_text(s: &Snapshot, r: &Rates) -> String {
                 mib((p.merging_pages * page) as f64),
                 p.rmap_items,
                 mib(p.profit_bytes as f64),
-                if p.merge_any { "process" } else if p.mergeable { "regions" } else { "-" }
+                if p.merge_any {
+                    "process"
+                } else if p.mergeable {
+                    "regions"
+                } else {
+                    "-"
+                }
             );
         }
     }
@@ -450,7 +555,10 @@ fn status(json: bool, prometheus: bool, window: f64) -> Result<()> {
     let after = snapshot(&ksm)?;
     let r = rates(&before, &after);
     if json {
-        println!("{}", serde_json::to_string_pretty(&status_json(&after, &r))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&status_json(&after, &r))?
+        );
     } else if prometheus {
         print!("{}", status_prometheus(&after, &r));
     } else {
@@ -549,8 +657,7 @@ fn govern(config: GovernorConfig, interval: f64, duration: Option<f64>, json: bo
         while Instant::now() < deadline && !sys::stop_requested() {
             std::thread::sleep(Duration::from_millis(20));
         }
-        if sys::stop_requested() || duration.is_some_and(|d| start.elapsed().as_secs_f64() >= d)
-        {
+        if sys::stop_requested() || duration.is_some_and(|d| start.elapsed().as_secs_f64() >= d) {
             break;
         }
     }
@@ -579,7 +686,10 @@ fn audit_json(report: &AuditReport, threshold: u64) -> serde_json::Value {
 fn audit(kind: DomainKind, threshold: u64, json: bool, fail_on_anomaly: bool) -> Result<()> {
     let report = Auditor::new(kind).run(None)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&audit_json(&report, threshold))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&audit_json(&report, threshold))?
+        );
     } else {
         println!(
             "audited {} processes: {} KSM pages, {} within one domain, {} groups shared across domains",
@@ -592,7 +702,11 @@ fn audit(kind: DomainKind, threshold: u64, json: bool, fail_on_anomaly: bool) ->
             let domains: Vec<String> = share.domains.iter().map(|d| d.to_string()).collect();
             println!(
                 "{} {} pages shared by {}",
-                if share.pages >= threshold { "ANOMALY" } else { "note   " },
+                if share.pages >= threshold {
+                    "ANOMALY"
+                } else {
+                    "note   "
+                },
                 share.pages,
                 domains.join(" and ")
             );
@@ -622,9 +736,9 @@ pub fn weights(seed: u64, mib: usize) -> Vec<u8> {
 }
 
 fn checksum(bytes: &[u8]) -> u64 {
-    bytes
-        .chunks(8)
-        .fold(0u64, |acc, c| acc.rotate_left(5) ^ u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+    bytes.chunks(8).fold(0u64, |acc, c| {
+        acc.rotate_left(5) ^ u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))
+    })
 }
 
 fn hold(mib: usize, seed: u64, merge: bool, pool: Option<&Path>) -> Result<()> {
@@ -637,7 +751,10 @@ fn hold(mib: usize, seed: u64, merge: bool, pool: Option<&Path>) -> Result<()> {
         let handle = Handle::receive(&stream)?;
         let mapping = handle.map()?;
         if mapping.as_slice() != &expected[..] {
-            bail!("the pool's `{}` does not hold the expected weights", handle.name());
+            bail!(
+                "the pool's `{}` does not hold the expected weights",
+                handle.name()
+            );
         }
         drop(expected);
         bytes_checksum = checksum(mapping.as_slice());
@@ -677,7 +794,10 @@ fn accept_within(listener: &UnixListener, limit: Duration) -> Result<UnixStream>
                 std::thread::sleep(Duration::from_millis(5));
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                bail!("no worker connected to the pool within {} s", limit.as_secs())
+                bail!(
+                    "no worker connected to the pool within {} s",
+                    limit.as_secs()
+                )
             }
             Err(e) => return Err(e.into()),
         }
@@ -798,7 +918,11 @@ fn demo_kernel_ksm(workers: usize, mib_each: usize) -> Result<()> {
     ];
     let team = Workers::start(workers, &args, None)?;
     let (rss0, pss0) = team.memory();
-    println!("   before: RSS {}  PSS {} (what the workers really use)", mib(rss0 as f64), mib(pss0 as f64));
+    println!(
+        "   before: RSS {}  PSS {} (what the workers really use)",
+        mib(rss0 as f64),
+        mib(pss0 as f64)
+    );
     let config = GovernorConfig {
         target_merge_seconds: 2.0,
         cpu_cap: 0.5,
@@ -835,14 +959,21 @@ fn demo_kernel_ksm(workers: usize, mib_each: usize) -> Result<()> {
         mib(savings.saved_bytes as f64),
         mib(savings.profit_bytes as f64)
     );
-    println!("   every KSM setting is restored; the workers exit and their merged pages go with them");
+    println!(
+        "   every KSM setting is restored; the workers exit and their merged pages go with them"
+    );
     Ok(())
 }
 
 fn demo_pool(workers: usize, mib_each: usize) -> Result<()> {
     println!("2. The dedup pool: the weights go into a sealed memfd pool once; workers map them.");
     let domain = Domain::Uid(sys::effective_uid());
-    let mut pool = Pool::new(domain.clone(), PoolOptions { same_behaviour: true })?;
+    let mut pool = Pool::new(
+        domain.clone(),
+        PoolOptions {
+            same_behaviour: true,
+        },
+    )?;
     let bytes = weights(1, mib_each);
     let inserted = Instant::now();
     let own = pool.insert("weights", &bytes)?;

@@ -326,8 +326,8 @@ fn explain_shows_kernels_bytes_and_boundaries() {
         kernels[0]["ops"],
         serde_json::json!(["mul %2", "add %5", "sub %6"])
     );
-    assert_eq!(kernels[0]["bytes_read"], 2 * 64 << 20);
-    assert_eq!(kernels[0]["bytes_written"], 2 * 64 << 20);
+    assert_eq!(kernels[0]["bytes_read"], (2 * 64) << 20);
+    assert_eq!(kernels[0]["bytes_written"], (2 * 64) << 20);
     assert_eq!(doc["unfused_kernels"], 3);
 
     let greedy = kfuse(&[

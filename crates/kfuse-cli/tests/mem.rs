@@ -34,7 +34,9 @@ fn root_and_ksm(test: &str) -> Option<(Ksm, sys::FileLock)> {
         return None;
     }
     if !sys::is_root() {
-        eprintln!("SKIPPED {test}: needs root (changes KSM settings, runs processes as another user)");
+        eprintln!(
+            "SKIPPED {test}: needs root (changes KSM settings, runs processes as another user)"
+        );
         return None;
     }
     let lock = ksm.lock().unwrap();
@@ -98,7 +100,14 @@ fn status_reports_in_text_json_and_prometheus() {
     let json = kfuse(&["mem", "status", "--json", "--window", "0.1"]);
     assert!(json.status.success(), "{}", stderr(&json));
     let value: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
-    for key in ["kernel", "knobs", "counters", "savings", "rates", "processes"] {
+    for key in [
+        "kernel",
+        "knobs",
+        "counters",
+        "savings",
+        "rates",
+        "processes",
+    ] {
         assert!(value.get(key).is_some(), "no `{key}` in {value}");
     }
     let knobs = value["knobs"].as_object().unwrap();
@@ -109,7 +118,10 @@ fn status_reports_in_text_json_and_prometheus() {
     let sharing = value["counters"]["pages_sharing"].as_u64().unwrap();
     let page = sys::page_size() as u64;
     let zero = value["counters"]["ksm_zero_pages"].as_u64().unwrap_or(0);
-    assert_eq!(value["savings"]["saved_bytes"].as_u64().unwrap(), (sharing + zero) * page);
+    assert_eq!(
+        value["savings"]["saved_bytes"].as_u64().unwrap(),
+        (sharing + zero) * page
+    );
     let prom = kfuse(&["mem", "status", "--prometheus", "--window", "0"]);
     let prom = stdout(&prom);
     assert!(prom.contains("# TYPE kfuse_ksm_pages_sharing gauge"));
@@ -135,7 +147,10 @@ fn top_refreshes_the_given_number_of_times() {
     let out = kfuse(&["mem", "top", "--interval", "0.05", "--iterations", "3"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).matches("kfuse mem top").count(), 3);
-    assert!(!stdout(&out).contains('\x1b'), "no screen clearing when not on a terminal");
+    assert!(
+        !stdout(&out).contains('\x1b'),
+        "no screen clearing when not on a terminal"
+    );
 }
 
 #[test]
@@ -146,8 +161,15 @@ fn mem_run_starts_a_program_with_merging_on() {
     }
     let out = kfuse(&["mem", "run", "--", "cat", "/proc/self/ksm_stat"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stdout(&out).contains("ksm_merge_any: yes"), "{}", stdout(&out));
-    let plain = Command::new("cat").arg("/proc/self/ksm_stat").output().unwrap();
+    assert!(
+        stdout(&out).contains("ksm_merge_any: yes"),
+        "{}",
+        stdout(&out)
+    );
+    let plain = Command::new("cat")
+        .arg("/proc/self/ksm_stat")
+        .output()
+        .unwrap();
     assert!(stdout(&plain).contains("ksm_merge_any: no"));
     let missing = kfuse(&["mem", "run", "--", "/nonexistent/program"]);
     assert!(!missing.status.success());
@@ -161,8 +183,14 @@ fn merge_all(ksm: &Ksm, holders: &[&Holder], bytes_each: u64) -> KnobGuard {
     guard.set(Knob::SleepMillisecs, 10).unwrap();
     guard.set(Knob::Run, 1).unwrap();
     let start = Instant::now();
-    while holders.iter().any(|h| h.ksm_bytes() < bytes_each * 95 / 100) {
-        assert!(start.elapsed() < Duration::from_secs(60), "ksmd did not merge in 60 s");
+    while holders
+        .iter()
+        .any(|h| h.ksm_bytes() < bytes_each * 95 / 100)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "ksmd did not merge in 60 s"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     // Stop scanning so the pages stay as they are while audited.
@@ -172,7 +200,8 @@ fn merge_all(ksm: &Ksm, holders: &[&Holder], bytes_each: u64) -> KnobGuard {
 
 #[test]
 fn the_audit_flags_pages_shared_across_users_and_nothing_else() {
-    let Some((ksm, _lock)) = root_and_ksm("the_audit_flags_pages_shared_across_users_and_nothing_else")
+    let Some((ksm, _lock)) =
+        root_and_ksm("the_audit_flags_pages_shared_across_users_and_nothing_else")
     else {
         return;
     };
@@ -201,8 +230,14 @@ fn the_audit_flags_pages_shared_across_users_and_nothing_else() {
         .collect();
     assert_eq!(ours.len(), 1, "{report}");
     let group = ours[0];
-    assert_eq!(group["domains"], serde_json::json!(["uid:0", format!("uid:{NOBODY}")]));
-    assert!(group["pages"].as_u64().unwrap() >= pages * 9 / 10, "{group}");
+    assert_eq!(
+        group["domains"],
+        serde_json::json!(["uid:0", format!("uid:{NOBODY}")])
+    );
+    assert!(
+        group["pages"].as_u64().unwrap() >= pages * 9 / 10,
+        "{group}"
+    );
     assert_eq!(group["anomaly"], true);
     for g in groups {
         for p in g["processes"].as_array().unwrap() {
@@ -223,7 +258,8 @@ fn the_audit_flags_pages_shared_across_users_and_nothing_else() {
 
 #[test]
 fn the_governor_stops_merging_for_an_outsider_and_names_it() {
-    let Some((ksm, _lock)) = root_and_ksm("the_governor_stops_merging_for_an_outsider_and_names_it")
+    let Some((ksm, _lock)) =
+        root_and_ksm("the_governor_stops_merging_for_an_outsider_and_names_it")
     else {
         return;
     };
@@ -231,7 +267,15 @@ fn the_governor_stops_merging_for_an_outsider_and_names_it() {
     let insider = Holder::start(&["--mib", "1", "--seed", "7", "--merge"], None);
     let governed = |extra: &[&str]| {
         let mut args = vec![
-            "mem", "govern", "--admit", "uid:0", "--json", "--interval", "0.2", "--duration", "0.5",
+            "mem",
+            "govern",
+            "--admit",
+            "uid:0",
+            "--json",
+            "--interval",
+            "0.2",
+            "--duration",
+            "0.5",
         ];
         args.extend_from_slice(extra);
         let out = kfuse(&args);
@@ -245,7 +289,10 @@ fn the_governor_stops_merging_for_an_outsider_and_names_it() {
     };
     let ticks = governed(&[]);
     assert_eq!(ticks[0]["running"], true, "{ticks:?}");
-    assert!(ticks[0]["events"][0].as_str().unwrap().starts_with("merging on"));
+    assert!(ticks[0]["events"][0]
+        .as_str()
+        .unwrap()
+        .starts_with("merging on"));
     let outsider = Holder::start(&["--mib", "1", "--seed", "7", "--merge"], Some(NOBODY));
     let ticks = governed(&[]);
     let events: Vec<String> = ticks
@@ -256,9 +303,15 @@ fn the_governor_stops_merging_for_an_outsider_and_names_it() {
     assert!(ticks.iter().all(|t| t["running"] == false), "{ticks:?}");
     let named = format!("process {} (kfuse) of uid:{NOBODY}", outsider.pid());
     assert!(events.iter().any(|e| e.contains(&named)), "{events:?}");
-    assert!(!events.iter().any(|e| e.contains(&format!("process {} ", insider.pid()))));
+    assert!(!events
+        .iter()
+        .any(|e| e.contains(&format!("process {} ", insider.pid()))));
     drop((insider, outsider));
-    assert_eq!(ksm.settings().unwrap(), before, "the governor restored every knob");
+    assert_eq!(
+        ksm.settings().unwrap(),
+        before,
+        "the governor restored every knob"
+    );
 }
 
 #[test]
@@ -274,7 +327,10 @@ fn the_demo_shares_weights_through_ksm_and_the_pool() {
         .filter_map(|w| w.parse().ok())
         .collect();
     let (rss, pss) = (numbers[0], numbers[1]);
-    assert!(pss < 0.75 * rss, "pool sharing does not show in PSS: {line}");
+    assert!(
+        pss < 0.75 * rss,
+        "pool sharing does not show in PSS: {line}"
+    );
     if sys::is_root() && Ksm::system().available() {
         assert!(text.contains("map KSM pages"), "{text}");
         assert!(text.contains("was refused"), "{text}");
@@ -286,8 +342,23 @@ fn the_demo_shares_weights_through_ksm_and_the_pool() {
 #[test]
 fn bad_input_gets_clear_errors() {
     let cases: [(&[&str], &str); 5] = [
-        (&["mem", "hold", "--mib", "1", "--seed", "1", "--pool", "/nonexistent/pool.sock"], "cannot connect to the pool at /nonexistent/pool.sock"),
-        (&["mem", "govern", "--admit", "tenant-a"], "bad domain `tenant-a`"),
+        (
+            &[
+                "mem",
+                "hold",
+                "--mib",
+                "1",
+                "--seed",
+                "1",
+                "--pool",
+                "/nonexistent/pool.sock",
+            ],
+            "cannot connect to the pool at /nonexistent/pool.sock",
+        ),
+        (
+            &["mem", "govern", "--admit", "tenant-a"],
+            "bad domain `tenant-a`",
+        ),
         (&["mem", "status", "--window=-1"], "--window"),
         (&["mem", "top", "--interval", "0"], "--interval"),
         (&["mem", "demo", "--workers", "0"], "at least one worker"),

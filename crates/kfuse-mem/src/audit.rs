@@ -50,7 +50,9 @@ pub struct AuditReport {
 impl AuditReport {
     /// Groups whose shared page count reaches `threshold`: what an operator is alerted to.
     pub fn anomalies(&self, threshold: u64) -> impl Iterator<Item = &CrossDomainShare> {
-        self.cross_domain.iter().filter(move |s| s.pages >= threshold)
+        self.cross_domain
+            .iter()
+            .filter(move |s| s.pages >= threshold)
     }
 }
 
@@ -147,7 +149,9 @@ impl Auditor {
             ksm_pages: frames.len() as u64,
             ..AuditReport::default()
         };
-        let mut groups: BTreeMap<Vec<Domain>, (BTreeSet<(u32, Domain)>, u64)> = BTreeMap::new();
+        // Domains sharing frames -> (the processes involved, frames shared).
+        type Group = (BTreeSet<(u32, Domain)>, u64);
+        let mut groups: BTreeMap<Vec<Domain>, Group> = BTreeMap::new();
         for mappers in frames.values() {
             let domains: BTreeSet<&Domain> = mappers.iter().map(|(d, _)| d).collect();
             if domains.len() < 2 {
@@ -174,7 +178,9 @@ impl Auditor {
                 pages,
             })
             .collect();
-        report.cross_domain.sort_by(|a, b| b.pages.cmp(&a.pages));
+        report
+            .cross_domain
+            .sort_by_key(|s| std::cmp::Reverse(s.pages));
         Ok(report)
     }
 

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::ksm::{Counters, Knob, KnobGuard, Ksm, KsmVmstat, Pressure, Run};
-use crate::process::{Domain, Procfs, ProcessKsm};
+use crate::process::{Domain, ProcessKsm, Procfs};
 use crate::{sys, MemError};
 
 /// Visits of ksmd a page needs before it merges: its checksum is recorded, then found unchanged
@@ -384,12 +384,11 @@ impl Governor {
                         .iter()
                         .filter_map(|q| {
                             let before = *earlier.get(&q.pid)?;
-                            (before > q.merging_pages).then(|| {
-                                (q.pid, q.name.clone(), before - q.merging_pages)
-                            })
+                            (before > q.merging_pages)
+                                .then(|| (q.pid, q.name.clone(), before - q.merging_pages))
                         })
                         .collect();
-                    losers.sort_by(|a, b| b.2.cmp(&a.2));
+                    losers.sort_by_key(|l| std::cmp::Reverse(l.2));
                     losers.truncate(3);
                     events.push(Event::Churn {
                         cow_per_second,
@@ -401,11 +400,17 @@ impl Governor {
 
         // Re-merging: merged pages that fall and then rise again, tick after tick.
         if let Some(p) = &previous {
-            let earlier: HashMap<u32, u64> =
-                p.processes.iter().map(|q| (q.pid, q.merging_pages)).collect();
-            self.cycles.retain(|pid, _| sample.processes.iter().any(|q| q.pid == *pid));
+            let earlier: HashMap<u32, u64> = p
+                .processes
+                .iter()
+                .map(|q| (q.pid, q.merging_pages))
+                .collect();
+            self.cycles
+                .retain(|pid, _| sample.processes.iter().any(|q| q.pid == *pid));
             for q in &sample.processes {
-                let Some(&before) = earlier.get(&q.pid) else { continue };
+                let Some(&before) = earlier.get(&q.pid) else {
+                    continue;
+                };
                 let state = self.cycles.entry(q.pid).or_default();
                 if q.merging_pages < before {
                     state.fell = true;

@@ -426,10 +426,7 @@ impl Savings {
         let zero = counters.ksm_zero_pages.unwrap_or(0);
         let saved_bytes = (sharing + zero) * page_bytes;
         let (rmap_bytes, profit_bytes) = match counters.general_profit {
-            Some(profit) => (
-                Some((saved_bytes as i64 - profit).max(0) as u64),
-                profit,
-            ),
+            Some(profit) => (Some((saved_bytes as i64 - profit).max(0) as u64), profit),
             None => {
                 // Every merged or tracked page has at least one rmap item.
                 let tracked = sharing + shared + counters.pages_unshared.unwrap_or(0);

@@ -304,9 +304,10 @@ impl Pool {
             let what = what.to_string();
             move |e| MemError::Os(what, e)
         };
-        let mut file = sys::memfd(&format!("kfuse-pool-{}", self.domain))
-            .map_err(os("memfd_create"))?;
-        file.write_all(bytes).map_err(os("writing a pool segment"))?;
+        let mut file =
+            sys::memfd(&format!("kfuse-pool-{}", self.domain)).map_err(os("memfd_create"))?;
+        file.write_all(bytes)
+            .map_err(os("writing a pool segment"))?;
         sys::add_seals(&file, sys::FULL_SEALS).map_err(os("sealing a pool segment"))?;
         self.segments.push(Some(Segment {
             file,
@@ -386,7 +387,10 @@ impl Pool {
     }
 
     fn missing(&self, name: &str) -> MemError {
-        MemError::Usage(format!("the pool for {} has no entry `{name}`", self.domain))
+        MemError::Usage(format!(
+            "the pool for {} has no entry `{name}`",
+            self.domain
+        ))
     }
 
     /// Moves a mapping's pages that the pool now holds (because another entry brought the same
@@ -497,11 +501,8 @@ impl Pool {
             );
         }
         // `segment_numbers` is ordered by segment id, and numbers were given in first-use order.
-        let mut ordered: Vec<(usize, File)> = segment_numbers
-            .values()
-            .copied()
-            .zip(segments)
-            .collect();
+        let mut ordered: Vec<(usize, File)> =
+            segment_numbers.values().copied().zip(segments).collect();
         ordered.sort_by_key(|(n, _)| *n);
         Ok(Handle {
             name: name.to_string(),
@@ -535,7 +536,10 @@ impl Pool {
     /// Removes an entry. Its pooled chunks are freed once no entry holds them; mappings already
     /// made keep their pages.
     pub fn remove(&mut self, name: &str) -> Result<(), MemError> {
-        let entry = self.entries.remove(name).ok_or_else(|| self.missing(name))?;
+        let entry = self
+            .entries
+            .remove(name)
+            .ok_or_else(|| self.missing(name))?;
         for slot in entry.slots {
             match slot {
                 Slot::Pooled(id) => self.release_chunk(id),
@@ -704,7 +708,9 @@ impl Handle {
         let os = |what: &'static str| move |e| MemError::Os(what.into(), e);
         let (head, fds) = sys::recv_with_fds(stream, 4096).map_err(os("recvmsg"))?;
         if let Some(reason) = head.strip_prefix(b"error ") {
-            return Err(MemError::Refused(String::from_utf8_lossy(reason).into_owned()));
+            return Err(MemError::Refused(
+                String::from_utf8_lossy(reason).into_owned(),
+            ));
         }
         let bad = |what: &str| MemError::BadHandle(what.to_string());
         let length = u64::from_le_bytes(
@@ -717,7 +723,9 @@ impl Handle {
         }
         let mut text = vec![0u8; length];
         let mut reader = stream;
-        reader.read_exact(&mut text).map_err(os("reading a pool handle"))?;
+        reader
+            .read_exact(&mut text)
+            .map_err(os("reading a pool handle"))?;
         let text = String::from_utf8(text).map_err(|_| bad("the layout is not UTF-8"))?;
         let mut lines = text.lines();
         if lines.next() != Some("kfuse-pool 1") {
@@ -733,7 +741,9 @@ impl Handle {
             .and_then(|l| l.parse().ok())
             .ok_or_else(|| bad("no segment count"))?;
         if count != fds.len() {
-            return Err(bad("the segment count does not match the descriptors received"));
+            return Err(bad(
+                "the segment count does not match the descriptors received",
+            ));
         }
         let segments: Vec<File> = fds.into_iter().map(|fd: OwnedFd| File::from(fd)).collect();
         let page = sys::page_size() as u64;
@@ -750,7 +760,10 @@ impl Handle {
             let (segment, offset) = line.split_once(' ').ok_or_else(|| bad("bad chunk line"))?;
             let segment: usize = segment.parse().map_err(|_| bad("bad segment number"))?;
             let offset: u64 = offset.parse().map_err(|_| bad("bad chunk offset"))?;
-            if segment >= segments.len() || offset % page != 0 || offset + page > sizes[segment] {
+            if segment >= segments.len()
+                || !offset.is_multiple_of(page)
+                || offset + page > sizes[segment]
+            {
                 return Err(bad("a chunk lies outside its segment"));
             }
             chunks.push((segment, offset));
@@ -769,8 +782,8 @@ impl Handle {
     /// Maps the entry into this process, copy-on-write.
     pub fn map(&self) -> Result<Mapping, MemError> {
         let page = sys::page_size();
-        let mut region =
-            Region::reserve(self.chunks.len() * page).map_err(|e| MemError::Os("mmap".into(), e))?;
+        let mut region = Region::reserve(self.chunks.len() * page)
+            .map_err(|e| MemError::Os("mmap".into(), e))?;
         let mut i = 0;
         while i < self.chunks.len() {
             let (segment, offset) = self.chunks[i];

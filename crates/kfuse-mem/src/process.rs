@@ -172,7 +172,7 @@ impl Procfs {
             }
         }
         for line in stat.lines() {
-            let Some((key, value)) = line.split_once(|c: char| c == ' ' || c == ':') else {
+            let Some((key, value)) = line.split_once([' ', ':']) else {
                 continue;
             };
             let value = value.trim_start_matches(':').trim();
@@ -205,7 +205,11 @@ impl Procfs {
                 }
             }
         }
-        out.sort_by(|a, b| b.merging_pages.cmp(&a.merging_pages).then(a.pid.cmp(&b.pid)));
+        out.sort_by(|a, b| {
+            b.merging_pages
+                .cmp(&a.merging_pages)
+                .then(a.pid.cmp(&b.pid))
+        });
         Ok(out)
     }
 

@@ -200,7 +200,7 @@ impl Region {
 
     fn check_range(&self, offset: usize, len: usize) -> io::Result<()> {
         let page = page_size();
-        if offset % page != 0 || len % page != 0 || offset + len > self.len {
+        if !offset.is_multiple_of(page) || !len.is_multiple_of(page) || offset + len > self.len {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
@@ -359,15 +359,12 @@ pub fn recv_with_fds(
     unsafe {
         let mut header = libc::CMSG_FIRSTHDR(&msg);
         while !header.is_null() {
-            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS
-            {
+            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
                 let data = libc::CMSG_DATA(header);
                 let count = ((*header).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
                     / std::mem::size_of::<RawFd>();
                 for i in 0..count {
-                    let fd = std::ptr::read_unaligned(
-                        (data as *const RawFd).add(i),
-                    );
+                    let fd = std::ptr::read_unaligned((data as *const RawFd).add(i));
                     fds.push(OwnedFd::from_raw_fd(fd));
                 }
             }

@@ -4,7 +4,7 @@
 mod common;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::{ksm_or_skip, merged_pages_in, page_of, wait_for};
@@ -26,14 +26,21 @@ impl Machine {
             fs::create_dir_all(dir.join(sub)).unwrap();
         }
         let m = Machine { dir };
-        for (knob, value) in [("run", "0"), ("pages_to_scan", "100"), ("sleep_millisecs", "20")] {
+        for (knob, value) in [
+            ("run", "0"),
+            ("pages_to_scan", "100"),
+            ("sleep_millisecs", "20"),
+        ] {
             m.write(&format!("ksm/{knob}"), value);
         }
         m.write("proc/37/comm", "ksmd");
         m.counters(0, 0, 0, 0);
         m.ksmd_cpu_ticks(0);
         m.meminfo(16 << 20, 8 << 20);
-        m.write("proc/pressure/memory", "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n");
+        m.write(
+            "proc/pressure/memory",
+            "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
+        );
         m.write("proc/vmstat", "cow_ksm 0\n");
         m
     }
@@ -51,7 +58,10 @@ impl Machine {
     }
 
     fn knob(&self, name: &str) -> String {
-        fs::read_to_string(self.dir.join("ksm").join(name)).unwrap().trim().to_string()
+        fs::read_to_string(self.dir.join("ksm").join(name))
+            .unwrap()
+            .trim()
+            .to_string()
     }
 
     fn counters(&self, scanned: u64, full_scans: u64, sharing: u64, profit: i64) {
@@ -80,8 +90,11 @@ impl Machine {
     fn process(&self, pid: u32, name: &str, uid: u32, mergeable_kib: u64, merging: u64) {
         let d = self.dir.join(format!("proc/{pid}"));
         fs::create_dir_all(&d).unwrap();
-        fs::write(d.join("status"), format!("Name:\t{name}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"))
-            .unwrap();
+        fs::write(
+            d.join("status"),
+            format!("Name:\t{name}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"),
+        )
+        .unwrap();
         fs::write(
             d.join("ksm_stat"),
             format!(
@@ -93,7 +106,9 @@ impl Machine {
         .unwrap();
         fs::write(
             d.join("smaps"),
-            format!("7f00-7f10 rw-p 0 0 0\nRss: {mergeable_kib} kB\nKSM: 0 kB\nVmFlags: rd wr mg\n"),
+            format!(
+                "7f00-7f10 rw-p 0 0 0\nRss: {mergeable_kib} kB\nKSM: 0 kB\nVmFlags: rd wr mg\n"
+            ),
         )
         .unwrap();
     }
@@ -136,9 +151,15 @@ fn the_scan_rate_follows_the_convergence_target_until_the_cpu_cap_binds() {
     let tick = g.tick_at(t0 + Duration::from_secs(1)).unwrap();
     assert!((tick.ksmd_cpu_fraction.unwrap() - 0.2).abs() < 1e-9);
     assert_eq!(m.knob("pages_to_scan"), "512", "{:?}", tick.events);
-    assert!(has(&tick.events, |e| matches!(e, Event::Rate { reason, .. } if reason.contains("CPU"))));
+    assert!(has(
+        &tick.events,
+        |e| matches!(e, Event::Rate { reason, .. } if reason.contains("CPU"))
+    ));
     drop(g);
-    assert_eq!((m.knob("run").as_str(), m.knob("pages_to_scan").as_str()), ("0", "100"));
+    assert_eq!(
+        (m.knob("run").as_str(), m.knob("pages_to_scan").as_str()),
+        ("0", "100")
+    );
 }
 
 #[test]
@@ -155,14 +176,20 @@ fn merging_stops_when_it_does_not_pay_and_starts_under_pressure() {
     m.counters(100_000, 4, 10, 4096);
     let tick = g.tick_at(t0 + Duration::from_secs(5)).unwrap();
     assert!(!tick.running && m.knob("run") == "0");
-    assert!(has(&tick.events, |e| matches!(e, Event::Stopped(w) if w.contains("does not pay"))));
+    assert!(has(
+        &tick.events,
+        |e| matches!(e, Event::Stopped(w) if w.contains("does not pay"))
+    ));
     // No change: it stays off.
     assert!(!g.tick_at(t0 + Duration::from_secs(6)).unwrap().running);
     // Memory pressure turns it on although it did not pay.
     m.meminfo(16 << 20, 1 << 20);
     let tick = g.tick_at(t0 + Duration::from_secs(7)).unwrap();
     assert!(tick.running && m.knob("run") == "1");
-    assert!(has(&tick.events, |e| matches!(e, Event::Started(w) if w.contains("pressure"))));
+    assert!(has(
+        &tick.events,
+        |e| matches!(e, Event::Started(w) if w.contains("pressure"))
+    ));
 }
 
 #[test]
@@ -185,7 +212,10 @@ fn an_outsider_stops_merging_and_is_named() {
         e,
         Event::Outsider { pid: 200, name, domain: Domain::Uid(2000) } if name == "tenant-b"
     )));
-    assert!(!has(&tick.events, |e| matches!(e, Event::Outsider { pid: 100, .. })));
+    assert!(!has(&tick.events, |e| matches!(
+        e,
+        Event::Outsider { pid: 100, .. }
+    )));
 }
 
 #[test]
@@ -244,7 +274,8 @@ fn time_to_merge(seed: u64, pages: usize, mut drive: impl FnMut()) -> f64 {
     let mut region = Region::anonymous(pages * page).unwrap();
     for i in 0..pages {
         // Pairs of equal pages.
-        region.as_mut_slice()[i * page..(i + 1) * page].copy_from_slice(&page_of(seed + i as u64 / 2));
+        region.as_mut_slice()[i * page..(i + 1) * page]
+            .copy_from_slice(&page_of(seed + i as u64 / 2));
     }
     region.set_mergeable(true).unwrap();
     let start = Instant::now();
@@ -305,10 +336,15 @@ fn the_governor_converges_faster_than_the_kernel_defaults_at_bounded_cpu() {
             eprintln!("  governor: {event}");
         }
     }
-    assert!(governed < defaults / 2.0, "governed {governed} s vs defaults {defaults} s");
+    assert!(
+        governed < defaults / 2.0,
+        "governed {governed} s vs defaults {defaults} s"
+    );
     // CPU time comes in clock ticks: allow two of them of slack over the cap.
     let slack = 2.0 / sys::clock_ticks_per_second() as f64;
-    assert!(cpu <= cap * governed + slack, "ksmd used {cpu} s in {governed} s");
+    assert!(
+        cpu <= cap * governed + slack,
+        "ksmd used {cpu} s in {governed} s"
+    );
     assert_eq!(ksm.settings().unwrap(), before, "every knob is back");
 }
-

@@ -21,7 +21,11 @@ fn fake(name: &str, files: &[(&str, &str)]) -> (Ksm, PathBuf) {
     for (file, text) in files {
         fs::write(dir.join("ksm").join(file), format!("{text}\n")).unwrap();
     }
-    fs::write(dir.join("proc/vmstat"), "nr_free_pages 5\ncow_ksm 17\nksm_swpin_copy 2\n").unwrap();
+    fs::write(
+        dir.join("proc/vmstat"),
+        "nr_free_pages 5\ncow_ksm 17\nksm_swpin_copy 2\n",
+    )
+    .unwrap();
     (Ksm::at(dir.join("ksm"), dir.join("proc")), dir)
 }
 
@@ -48,8 +52,14 @@ fn counters_and_knobs_are_read_typed_and_missing_files_are_none() {
     assert_eq!(c.full_scans, None);
     let v = ksm.vmstat().unwrap();
     assert_eq!((v.cow_ksm, v.ksm_swpin_copy), (Some(17), Some(2)));
-    assert!(matches!(ksm.set(Knob::SmartScan, 1), Err(MemError::Unsupported(_))));
-    assert!(matches!(ksm.set(Knob::AdvisorMode, 7), Err(MemError::BadValue(..))));
+    assert!(matches!(
+        ksm.set(Knob::SmartScan, 1),
+        Err(MemError::Unsupported(_))
+    ));
+    assert!(matches!(
+        ksm.set(Knob::AdvisorMode, 7),
+        Err(MemError::BadValue(..))
+    ));
     fs::write(dir.join("ksm/pages_shared"), "lots\n").unwrap();
     let err = ksm.counters().unwrap_err();
     assert!(err.to_string().contains("pages_shared") && err.to_string().contains("lots"));
@@ -74,14 +84,23 @@ fn the_guard_restores_every_knob_it_changed_and_only_those() {
         guard.set(Knob::AdvisorMode, 1).unwrap();
         guard.set(Knob::Run, 1).unwrap();
         assert_eq!(ksm.get(Knob::PagesToScan).unwrap(), Some(7000));
-        assert_eq!(fs::read_to_string(dir.join("ksm/advisor_mode")).unwrap(), "scan-time");
+        assert_eq!(
+            fs::read_to_string(dir.join("ksm/advisor_mode")).unwrap(),
+            "scan-time"
+        );
         assert_eq!(guard.changed().len(), 3);
         assert!(guard.set(Knob::SmartScan, 1).is_err(), "absent knob");
     }
     assert_eq!(ksm.get(Knob::PagesToScan).unwrap(), Some(100));
     assert_eq!(ksm.get(Knob::Run).unwrap(), Some(0));
-    assert_eq!(fs::read_to_string(dir.join("ksm/advisor_mode")).unwrap(), "none");
-    assert_eq!(fs::read_to_string(dir.join("ksm/sleep_millisecs")).unwrap(), "20\n");
+    assert_eq!(
+        fs::read_to_string(dir.join("ksm/advisor_mode")).unwrap(),
+        "none"
+    );
+    assert_eq!(
+        fs::read_to_string(dir.join("ksm/sleep_millisecs")).unwrap(),
+        "20\n"
+    );
     let _ = fs::remove_dir_all(dir);
 }
 
@@ -95,7 +114,11 @@ fn savings_count_pages_sharing_and_net_out_the_reverse_map() {
         ..Counters::default()
     };
     let s = Savings::from_counters(&counters, 4096);
-    assert_eq!(s.saved_bytes, 32 * 4096, "pages_sharing plus zero pages, not pages_shared");
+    assert_eq!(
+        s.saved_bytes,
+        32 * 4096,
+        "pages_sharing plus zero pages, not pages_shared"
+    );
     assert_eq!(s.shared_bytes, 10 * 4096);
     assert_eq!(s.rmap_bytes, Some(50 * 64));
     assert_eq!(s.profit_bytes, 32 * 4096 - 50 * 64);
@@ -144,7 +167,10 @@ fn this_kernel_s_features_are_detected() {
     // Each flag agrees with the file it stands for.
     assert_eq!(f.smart_scan, ksm.root().join("smart_scan").exists());
     assert_eq!(f.general_profit, ksm.root().join("general_profit").exists());
-    assert_eq!(f.ksm_stat, std::path::Path::new("/proc/self/ksm_stat").exists());
+    assert_eq!(
+        f.ksm_stat,
+        std::path::Path::new("/proc/self/ksm_stat").exists()
+    );
 }
 
 #[test]
@@ -158,7 +184,8 @@ fn merging_is_observed_per_process_and_the_savings_add_up() {
     // 64 pages: 16 contents, 4 copies each.
     let mut region = Region::anonymous(64 * page).unwrap();
     for i in 0..64 {
-        region.as_mut_slice()[i * page..(i + 1) * page].copy_from_slice(&page_of(1_000 + i as u64 % 16));
+        region.as_mut_slice()[i * page..(i + 1) * page]
+            .copy_from_slice(&page_of(1_000 + i as u64 % 16));
     }
     let ksm_bytes_before = Procfs::system()
         .smaps_ksm(std::process::id())
@@ -171,7 +198,10 @@ fn merging_is_observed_per_process_and_the_savings_add_up() {
     guard.set(Knob::SleepMillisecs, 10).unwrap();
     guard.set(Knob::Run, 1).unwrap();
     let took = wait_for(30.0, || merged_pages_in(&region) >= 64);
-    assert!(took.is_some(), "64 duplicated pages were not merged in 30 s");
+    assert!(
+        took.is_some(),
+        "64 duplicated pages were not merged in 30 s"
+    );
     let me = Procfs::system().ksm(std::process::id()).unwrap().unwrap();
     assert!(me.mergeable, "madvise(MADV_MERGEABLE) shows in ksm_stat");
     assert!(!me.merge_any, "prctl merging was not asked for");
@@ -181,8 +211,14 @@ fn merging_is_observed_per_process_and_the_savings_add_up() {
             - me.rmap_items as i64 * kfuse_mem::ksm::RMAP_ITEM_BYTES as i64,
         "per-process profit is merged pages net of 64-byte rmap items"
     );
-    let smaps = Procfs::system().smaps_ksm(std::process::id()).unwrap().unwrap();
-    assert!(smaps.ksm_bytes >= 64 * page as u64, "smaps KSM lines: {smaps:?}");
+    let smaps = Procfs::system()
+        .smaps_ksm(std::process::id())
+        .unwrap()
+        .unwrap();
+    assert!(
+        smaps.ksm_bytes >= 64 * page as u64,
+        "smaps KSM lines: {smaps:?}"
+    );
     // Globally: at least 16 kept copies and 48 sharers, and the rmap cost derived from
     // general_profit is a whole number of items.
     let counters = ksm.counters().unwrap();
@@ -195,13 +231,23 @@ fn merging_is_observed_per_process_and_the_savings_add_up() {
     region.set_mergeable(false).unwrap();
     // MADV_UNMERGEABLE breaks every merge at once (ksm_stat catches up on ksmd's next pass,
     // smaps does not wait).
-    let after = Procfs::system().smaps_ksm(std::process::id()).unwrap().unwrap();
+    let after = Procfs::system()
+        .smaps_ksm(std::process::id())
+        .unwrap()
+        .unwrap();
     assert_eq!(after.ksm_bytes, ksm_bytes_before);
     for i in 0..64 {
-        assert_eq!(region.as_slice()[i * page..(i + 1) * page], page_of(1_000 + i as u64 % 16));
+        assert_eq!(
+            region.as_slice()[i * page..(i + 1) * page],
+            page_of(1_000 + i as u64 % 16)
+        );
     }
     guard.restore().unwrap();
-    assert_eq!(ksm.settings().unwrap(), settings_before, "every knob is back");
+    assert_eq!(
+        ksm.settings().unwrap(),
+        settings_before,
+        "every knob is back"
+    );
 }
 
 #[test]

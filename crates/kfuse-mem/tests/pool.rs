@@ -37,7 +37,11 @@ fn identical_chunks_are_stored_once_within_a_domain() {
     let stats = pool.stats();
     assert_eq!(stats.logical_bytes, 7 * page);
     assert_eq!(stats.pooled_bytes, 2 * page);
-    assert_eq!(stats.private_bytes, 3 * page, "A's pages 1 and 4, B's page 9");
+    assert_eq!(
+        stats.private_bytes,
+        3 * page,
+        "A's pages 1 and 4, B's page 9"
+    );
     assert_eq!(stats.saved_bytes, 2 * page);
     assert!((stats.sharing_factor - 7.0 / 5.0).abs() < 1e-12);
 }
@@ -53,7 +57,10 @@ fn refresh_moves_a_holder_onto_the_shared_copy_and_keeps_its_own_writes() {
     let _map_b = pool.insert("b", &pages(&[2, 3])).unwrap();
     assert_eq!(map_a.private_pages(), 3);
     let moved = pool.refresh(&mut map_a).unwrap();
-    assert_eq!(moved, 1, "page 2 moves onto the pool; page 3 was written and stays A's");
+    assert_eq!(
+        moved, 1,
+        "page 2 moves onto the pool; page 3 was written and stays A's"
+    );
     assert_eq!(map_a.private_pages(), 2);
     let mut expected = a.clone();
     expected[2 * page] ^= 0xff;
@@ -70,7 +77,11 @@ fn writes_to_a_mapping_never_reach_the_pool_or_other_holders() {
         let handle = pool.share(&mut first).unwrap();
         let mut second = handle.map().unwrap();
         second.as_mut_slice().fill(0xAB);
-        assert_eq!(first.as_slice(), &data[..], "same_behaviour={same_behaviour}");
+        assert_eq!(
+            first.as_slice(),
+            &data[..],
+            "same_behaviour={same_behaviour}"
+        );
         let third = pool.map("w").unwrap();
         assert_eq!(third.as_slice(), &data[..]);
         first.as_mut_slice()[0] ^= 1;
@@ -82,19 +93,38 @@ fn writes_to_a_mapping_never_reach_the_pool_or_other_holders() {
 
 #[test]
 fn same_behaviour_mode_puts_every_chunk_in_the_pool() {
-    let mut pool = Pool::new(me(), PoolOptions { same_behaviour: true }).unwrap();
+    let mut pool = Pool::new(
+        me(),
+        PoolOptions {
+            same_behaviour: true,
+        },
+    )
+    .unwrap();
     let data = pages(&[1, 2, 1, 2, 3]);
     let mapping = pool.insert("x", &data).unwrap();
     assert_eq!(mapping.private_pages(), 0);
     assert_eq!(mapping.as_slice(), &data[..]);
     let stats = pool.stats();
-    assert_eq!(stats.pooled_bytes, 3 * sys::page_size() as u64, "repeats inside one entry dedup");
-    assert!(pool.handle("x").is_ok(), "everything is pooled, so a handle needs no share");
+    assert_eq!(
+        stats.pooled_bytes,
+        3 * sys::page_size() as u64,
+        "repeats inside one entry dedup"
+    );
+    assert!(
+        pool.handle("x").is_ok(),
+        "everything is pooled, so a handle needs no share"
+    );
 }
 
 #[test]
 fn empty_and_tiny_entries_work() {
-    let mut pool = Pool::new(me(), PoolOptions { same_behaviour: true }).unwrap();
+    let mut pool = Pool::new(
+        me(),
+        PoolOptions {
+            same_behaviour: true,
+        },
+    )
+    .unwrap();
     assert_eq!(pool.insert("empty", &[]).unwrap().as_slice(), &[] as &[u8]);
     assert_eq!(pool.insert("one", &[42]).unwrap().as_slice(), &[42]);
     assert!(matches!(pool.insert("one", &[1]), Err(MemError::Usage(_))));
@@ -103,8 +133,20 @@ fn empty_and_tiny_entries_work() {
 
 #[test]
 fn entries_of_different_domains_never_share() {
-    let mut a = Pool::new(Domain::Uid(1), PoolOptions { same_behaviour: true }).unwrap();
-    let mut b = Pool::new(Domain::Uid(2), PoolOptions { same_behaviour: true }).unwrap();
+    let mut a = Pool::new(
+        Domain::Uid(1),
+        PoolOptions {
+            same_behaviour: true,
+        },
+    )
+    .unwrap();
+    let mut b = Pool::new(
+        Domain::Uid(2),
+        PoolOptions {
+            same_behaviour: true,
+        },
+    )
+    .unwrap();
     let data = pages(&[1, 2]);
     a.insert("w", &data).unwrap();
     b.insert("w", &data).unwrap();
@@ -127,8 +169,11 @@ fn handles_pass_over_sockets_to_the_same_domain_only() {
     assert_eq!(received.map().unwrap().as_slice(), &data[..]);
 
     // A pool of another domain refuses this process, and says why.
-    let mut other = Pool::new(Domain::Uid(sys::effective_uid() + 1), PoolOptions::default())
-        .unwrap();
+    let mut other = Pool::new(
+        Domain::Uid(sys::effective_uid() + 1),
+        PoolOptions::default(),
+    )
+    .unwrap();
     let mut mapping = other.insert("weights", &data).unwrap();
     other.share(&mut mapping).unwrap();
     let (server, client) = UnixStream::pair().unwrap();
@@ -177,7 +222,13 @@ fn a_handle_with_an_unsealed_or_malformed_segment_is_refused() {
 #[test]
 fn a_shared_chunk_is_as_hot_as_its_hottest_holder() {
     let page = sys::page_size() as u64;
-    let mut pool = Pool::new(me(), PoolOptions { same_behaviour: true }).unwrap();
+    let mut pool = Pool::new(
+        me(),
+        PoolOptions {
+            same_behaviour: true,
+        },
+    )
+    .unwrap();
     // "cold" shares page 1 with "hot"; "old" and "cold" also hold pages of their own.
     let hot = pages(&[1, 2]);
     let _ = pool.insert("cold", &pages(&[1, 10])).unwrap();
@@ -199,9 +250,15 @@ fn a_shared_chunk_is_as_hot_as_its_hottest_holder() {
     let _ = pool.insert("again", &pages(&[1])).unwrap();
     assert_eq!(pool.stats().pooled_bytes, 2 * page);
     // Down to nothing, everything goes, least recently used first.
-    assert_eq!(pool.evict_to(0), vec!["hot".to_string(), "again".to_string()]);
-    assert_eq!(pool.stats(), kfuse_mem::pool::PoolStats {
-        domain: me().to_string(),
-        ..Default::default()
-    });
+    assert_eq!(
+        pool.evict_to(0),
+        vec!["hot".to_string(), "again".to_string()]
+    );
+    assert_eq!(
+        pool.stats(),
+        kfuse_mem::pool::PoolStats {
+            domain: me().to_string(),
+            ..Default::default()
+        }
+    );
 }

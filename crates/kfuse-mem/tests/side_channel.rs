@@ -23,7 +23,9 @@ const GUESSES: usize = 256;
 /// The victim's secret pages, and the probe's guesses (`labels[i]`: guess i is right).
 fn secrets_and_guesses(seed: u64) -> (Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<bool>) {
     let labels = balanced_labels(GUESSES, seed);
-    let secrets: Vec<Vec<u8>> = (0..GUESSES as u64).map(|i| page_of(seed * 1000 + i)).collect();
+    let secrets: Vec<Vec<u8>> = (0..GUESSES as u64)
+        .map(|i| page_of(seed * 1000 + i))
+        .collect();
     let guesses = labels
         .iter()
         .enumerate()
@@ -114,7 +116,11 @@ fn the_pool_leaks_nothing_across_domains() {
         result.advantage() < 6.0 * result.chance_sigma(),
         "across domains the probe must be at chance: {result:?}"
     );
-    assert_eq!(tenant_b.stats().saved_bytes, 0, "nothing is shared across domains");
+    assert_eq!(
+        tenant_b.stats().saved_bytes,
+        0,
+        "nothing is shared across domains"
+    );
 }
 
 #[test]

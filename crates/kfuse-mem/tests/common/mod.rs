@@ -68,7 +68,12 @@ pub fn merged_pages_in(region: &kfuse_mem::sys::Region) -> u64 {
         }
         if let Some(rest) = line.strip_prefix("KSM:") {
             if overlapping {
-                kib += rest.split_whitespace().next().unwrap().parse::<u64>().unwrap();
+                kib += rest
+                    .split_whitespace()
+                    .next()
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap();
             }
         }
     }
