@@ -11,4 +11,5 @@ mod launch;
 mod pool;
 pub use launch::{launch, launch_on, storage_ptr, GRAIN};
 pub use pool::Pool;
+pub mod conv;
 pub mod matmul;

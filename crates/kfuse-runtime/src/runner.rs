@@ -300,12 +300,27 @@ impl<'a> Runner<'a> {
                     let fast_matmul = *op == kfuse_ir::Op::MatMul
                         && self.numerics == Numerics::Fast
                         && kfuse_cpu::matmul::supported(refs[0].dtype());
+                    let fast_conv = match op {
+                        kfuse_ir::Op::Conv2d(attrs) if self.numerics == Numerics::Fast => {
+                            kfuse_cpu::conv::supported(refs[0].dtype()).then_some(attrs)
+                        }
+                        _ => None,
+                    };
                     let result = if fast_matmul {
                         kfuse_cpu::matmul::matmul(
                             refs[0],
                             refs[1],
                             &types[0],
                             kfuse_cpu::Pool::global().threads(),
+                        )
+                        .map(|a| vec![a])
+                    } else if let Some(attrs) = fast_conv {
+                        kfuse_cpu::conv::conv2d(
+                            refs[0],
+                            refs[1],
+                            attrs,
+                            &types[0],
+                            &kfuse_cpu::conv::Epilogue::default(),
                         )
                         .map(|a| vec![a])
                     } else {

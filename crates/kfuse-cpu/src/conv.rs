@@ -1,0 +1,717 @@
+//! Convolutions for fast numerics: im2col tiles fed to the `gemm` crate, 1×1 convolutions as
+//! plain GEMMs on the activations in place, a direct depthwise kernel, and the fused
+//! depthwise-separable block, whose depthwise output is produced tile by tile into a buffer that
+//! stays in cache and is consumed there by the pointwise GEMM, never written whole to memory.
+//! An epilogue (per-channel bias, ReLU) is applied to each output tile while it is hot.
+//!
+//! Work is split over (image, band of output rows) tasks on the kernel pool; each task runs a
+//! single-threaded GEMM on a band sized to keep its im2col or depthwise tile within L2.
+//! Like [`crate::matmul`], sums are blocked and use FMA, so results are not bit-identical to
+//! the reference interpreter: strict numerics keep the reference convolution.
+
+use kfuse_ir::{Array, Conv2dAttrs, DType, Layout, Storage, TensorType};
+
+use crate::Pool;
+
+/// Bytes of the per-task tile (im2col columns or depthwise output) aimed for: half of a
+/// 1 MiB-class L2, leaving room for the GEMM's packed panels.
+const TILE_BYTES: usize = 256 << 10;
+
+/// Whether the fast convolutions handle this dtype.
+pub fn supported(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F64)
+}
+
+/// Work applied to each output tile after its GEMM.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Epilogue<'a> {
+    /// One value per output channel, added.
+    pub bias: Option<&'a Array>,
+    /// Then `max(y, 0)`; NaN stays NaN, as in the IR's `relu`.
+    pub relu: bool,
+}
+
+trait Real: Copy + Send + Sync + 'static + PartialOrd {
+    const ZERO: Self;
+    const ONE: Self;
+    fn add(self, other: Self) -> Self;
+    fn mul(self, other: Self) -> Self;
+    fn slice(array: &Array) -> Option<&[Self]>;
+    fn wrap(values: Vec<Self>) -> Storage;
+}
+
+macro_rules! real {
+    ($t:ty, $variant:ident) => {
+        impl Real for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            fn add(self, other: Self) -> Self {
+                self + other
+            }
+            fn mul(self, other: Self) -> Self {
+                self * other
+            }
+            fn slice(array: &Array) -> Option<&[Self]> {
+                array.as_slice::<$t>()
+            }
+            fn wrap(values: Vec<Self>) -> Storage {
+                Storage::$variant(values)
+            }
+        }
+    };
+}
+real!(f32, F32);
+real!(f64, F64);
+
+/// Activation dims as `[n, c, h, w]` whatever the layout.
+fn dims(shape: &[usize], layout: Layout) -> [usize; 4] {
+    match layout {
+        Layout::Nchw => [shape[0], shape[1], shape[2], shape[3]],
+        Layout::Nhwc => [shape[0], shape[3], shape[1], shape[2]],
+    }
+}
+
+/// A raw output pointer shared by tasks that write disjoint parts.
+#[derive(Clone, Copy)]
+struct Out<T>(*mut T);
+// SAFETY: tasks write disjoint index ranges; `run` waits for all of them.
+unsafe impl<T> Send for Out<T> {}
+unsafe impl<T> Sync for Out<T> {}
+
+/// `dst[m×n] (+)= lhs[m×k] @ rhs[k×n]` with arbitrary strides, single-threaded.
+///
+/// # Safety
+/// The pointers must address matrices of these shapes and strides, `dst` not overlapping the
+/// others, and no other thread may touch `dst`'s elements during the call.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_into<T: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut T,
+    dst_rs: usize,
+    dst_cs: usize,
+    lhs: *const T,
+    lhs_rs: usize,
+    lhs_cs: usize,
+    rhs: *const T,
+    rhs_rs: usize,
+    rhs_cs: usize,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            dst_cs as isize,
+            dst_rs as isize,
+            false,
+            lhs,
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs,
+            rhs_cs as isize,
+            rhs_rs as isize,
+            T::ZERO,
+            T::ONE,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+fn relu<T: Real>(v: T) -> T {
+    // `v < 0` is false for NaN, which passes through.
+    if v < T::ZERO {
+        T::ZERO
+    } else {
+        v
+    }
+}
+
+/// Applies the epilogue to channel `channel`'s `values`.
+fn finish<T: Real>(values: &mut [T], bias: Option<&[T]>, channel: usize, do_relu: bool) {
+    if let Some(b) = bias {
+        let b = b[channel];
+        values.iter_mut().for_each(|v| *v = v.add(b));
+    }
+    if do_relu {
+        values.iter_mut().for_each(|v| *v = relu(*v));
+    }
+}
+
+/// Checks operand dtypes and returns the bias values.
+fn bias_values<'a, T: Real>(
+    epilogue: &Epilogue<'a>,
+    channels: usize,
+) -> Result<Option<&'a [T]>, String> {
+    match epilogue.bias {
+        None => Ok(None),
+        Some(b) => {
+            let values = T::slice(b).ok_or("the bias dtype differs from the convolution's")?;
+            if values.len() != channels {
+                return Err(format!(
+                    "the bias has {} values for {channels} output channels",
+                    values.len()
+                ));
+            }
+            Ok(Some(values))
+        }
+    }
+}
+
+/// Output rows per task so that a tile of `bytes_per_row` bytes per output row stays near
+/// [`TILE_BYTES`], and enough tasks to keep every thread busy.
+fn band_rows(out_rows: usize, bytes_per_row: usize, images: usize, threads: usize) -> usize {
+    let by_cache = (TILE_BYTES / bytes_per_row.max(1)).max(1);
+    let tasks_wanted = 4 * threads;
+    let by_balance = (images * out_rows).div_ceil(tasks_wanted).max(1);
+    by_cache.min(by_balance).min(out_rows).max(1)
+}
+
+/// Grouped, strided, dilated, zero-padded 2-D convolution with an epilogue, for f32 and f64.
+pub fn conv2d(
+    x: &Array,
+    w: &Array,
+    attrs: &Conv2dAttrs,
+    out: &TensorType,
+    epilogue: &Epilogue,
+) -> Result<Array, String> {
+    match x.dtype() {
+        DType::F32 => conv2d_typed::<f32>(x, w, attrs, out, epilogue),
+        DType::F64 => conv2d_typed::<f64>(x, w, attrs, out, epilogue),
+        other => Err(format!("fast conv2d supports f32 and f64, not {other}")),
+    }
+}
+
+/// The geometry of one convolution.
+#[derive(Clone, Copy)]
+struct Geometry {
+    layout: Layout,
+    x: [usize; 4],
+    y: [usize; 4],
+    kh: usize,
+    kw: usize,
+    stride: [usize; 2],
+    pad: [usize; 2],
+    dilation: [usize; 2],
+    groups: usize,
+}
+
+impl Geometry {
+    fn new(x: &[usize], w: &[usize], attrs: &Conv2dAttrs, y: &[usize]) -> Geometry {
+        Geometry {
+            layout: attrs.layout,
+            x: dims(x, attrs.layout),
+            y: dims(y, attrs.layout),
+            kh: w[2],
+            kw: w[3],
+            stride: attrs.stride,
+            pad: [attrs.padding[0], attrs.padding[2]],
+            dilation: attrs.dilation,
+            groups: attrs.groups,
+        }
+    }
+
+    fn in_channels_per_group(&self) -> usize {
+        self.x[1] / self.groups
+    }
+
+    fn out_channels_per_group(&self) -> usize {
+        self.y[1] / self.groups
+    }
+
+    /// Whether the convolution is a plain product over channels.
+    fn is_pointwise(&self) -> bool {
+        self.kh == 1
+            && self.kw == 1
+            && self.stride == [1, 1]
+            && self.pad == [0, 0]
+            && self.x[2] == self.y[2]
+            && self.x[3] == self.y[3]
+    }
+
+    /// Input index along an axis for output position `o` and tap `t`, if inside.
+    fn tap(&self, axis: usize, o: usize, t: usize) -> Option<usize> {
+        let pos = (o * self.stride[axis] + t * self.dilation[axis]).checked_sub(self.pad[axis])?;
+        (pos < self.x[2 + axis]).then_some(pos)
+    }
+
+    fn x_offset(&self, n: usize, c: usize, h: usize, w: usize) -> usize {
+        let [_, cs, hs, ws] = self.x;
+        match self.layout {
+            Layout::Nchw => ((n * cs + c) * hs + h) * ws + w,
+            Layout::Nhwc => ((n * hs + h) * ws + w) * cs + c,
+        }
+    }
+}
+
+fn conv2d_typed<T: Real>(
+    x: &Array,
+    w: &Array,
+    attrs: &Conv2dAttrs,
+    out: &TensorType,
+    epilogue: &Epilogue,
+) -> Result<Array, String> {
+    let xs = T::slice(x).ok_or("conv2d input dtype")?;
+    let ws = T::slice(w).ok_or("conv2d operands must share a dtype")?;
+    let g = Geometry::new(x.shape().dims(), w.shape().dims(), attrs, out.shape.dims());
+    let bias = bias_values::<T>(epilogue, g.y[1])?;
+    let mut y = vec![T::ZERO; out.shape.n_elems()];
+    if !y.is_empty() {
+        let is_depthwise = g.groups == g.x[1] && g.y[1] == g.x[1];
+        if is_depthwise {
+            depthwise(&g, xs, ws, &mut y, bias, epilogue.relu);
+        } else {
+            im2col_gemm(&g, xs, ws, &mut y, bias, epilogue.relu);
+        }
+    }
+    Array::new(out.shape.clone(), T::wrap(y)).map_err(|e| e.to_string())
+}
+
+/// General convolution: per task, the im2col columns of a band of output rows, one GEMM per
+/// group, then the epilogue on the band.
+fn im2col_gemm<T: Real>(
+    g: &Geometry,
+    xs: &[T],
+    ws: &[T],
+    y: &mut [T],
+    bias: Option<&[T]>,
+    do_relu: bool,
+) {
+    let [n_images, c_out, oh, ow] = g.y;
+    let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
+    let k = cg * g.kh * g.kw;
+    let pool = Pool::global();
+    let rows = band_rows(
+        oh,
+        k * ow * std::mem::size_of::<T>(),
+        n_images,
+        pool.threads(),
+    );
+    let bands = oh.div_ceil(rows);
+    let out = Out(y.as_mut_ptr());
+    let pointwise = g.is_pointwise();
+    let job = |task: usize| {
+        let (n, band) = (task / bands, task % bands);
+        let (r0, r1) = (band * rows, ((band + 1) * rows).min(oh));
+        let p = (r1 - r0) * ow;
+        let mut col = if pointwise {
+            Vec::new()
+        } else {
+            vec![T::ZERO; k * p]
+        };
+        let out = out;
+        for group in 0..g.groups {
+            // Columns (NCHW: K x P) or rows (NHWC: P x K) of the patches, k = (c, i, j).
+            let (cols, cols_rs, cols_cs): (*const T, usize, usize) = if pointwise {
+                match g.layout {
+                    Layout::Nchw => (
+                        xs[g.x_offset(n, group * cg, r0, 0)..].as_ptr(),
+                        g.x[2] * g.x[3],
+                        1,
+                    ),
+                    Layout::Nhwc => (xs[g.x_offset(n, group * cg, r0, 0)..].as_ptr(), 1, g.x[1]),
+                }
+            } else {
+                for c in 0..cg {
+                    for i in 0..g.kh {
+                        for j in 0..g.kw {
+                            let kk = (c * g.kh + i) * g.kw + j;
+                            for r in r0..r1 {
+                                let h = g.tap(0, r, i);
+                                for o in 0..ow {
+                                    let v = match (h, g.tap(1, o, j)) {
+                                        (Some(h), Some(wp)) => {
+                                            xs[g.x_offset(n, group * cg + c, h, wp)]
+                                        }
+                                        _ => T::ZERO,
+                                    };
+                                    col[kk * p + (r - r0) * ow + o] = v;
+                                }
+                            }
+                        }
+                    }
+                }
+                (col.as_ptr(), p, 1)
+            };
+            let w_group = ws[group * og * k..].as_ptr();
+            // SAFETY: every pointer addresses a matrix of the stated shape and strides inside
+            // its buffer; this task alone writes rows r0..r1 of image n.
+            unsafe {
+                match g.layout {
+                    Layout::Nchw => {
+                        let dst = out.0.add(((n * c_out + group * og) * oh + r0) * ow);
+                        gemm_into(
+                            og,
+                            p,
+                            k,
+                            dst,
+                            oh * ow,
+                            1,
+                            w_group,
+                            k,
+                            1,
+                            cols,
+                            cols_rs,
+                            cols_cs,
+                        );
+                    }
+                    Layout::Nhwc => {
+                        let dst = out.0.add((n * oh + r0) * ow * c_out + group * og);
+                        // Patches as rows: P x K with k contiguous (or channel-strided).
+                        let (lhs_rs, lhs_cs) = (cols_cs, cols_rs);
+                        gemm_into(p, og, k, dst, c_out, 1, cols, lhs_rs, lhs_cs, w_group, 1, k);
+                    }
+                }
+            }
+        }
+        // SAFETY: as above, this band belongs to this task.
+        unsafe { finish_band(g, out.0, n, r0, r1, bias, do_relu) };
+    };
+    pool.run(n_images * bands, &job);
+}
+
+/// Applies the epilogue to output rows `r0..r1` of image `n`.
+///
+/// # Safety
+/// No other thread may access those rows during the call.
+unsafe fn finish_band<T: Real>(
+    g: &Geometry,
+    y: *mut T,
+    n: usize,
+    r0: usize,
+    r1: usize,
+    bias: Option<&[T]>,
+    do_relu: bool,
+) {
+    if bias.is_none() && !do_relu {
+        return;
+    }
+    let [_, c_out, oh, ow] = g.y;
+    match g.layout {
+        Layout::Nchw => {
+            for c in 0..c_out {
+                // SAFETY: rows r0..r1 of channel c of image n lie inside `y`.
+                let rows = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        y.add(((n * c_out + c) * oh + r0) * ow),
+                        (r1 - r0) * ow,
+                    )
+                };
+                finish(rows, bias, c, do_relu);
+            }
+        }
+        Layout::Nhwc => {
+            // SAFETY: as above; NHWC rows r0..r1 are contiguous.
+            let band = unsafe {
+                std::slice::from_raw_parts_mut(
+                    y.add((n * oh + r0) * ow * c_out),
+                    (r1 - r0) * ow * c_out,
+                )
+            };
+            for pixel in band.chunks_mut(c_out) {
+                for (c, v) in pixel.iter_mut().enumerate() {
+                    let mut value = *v;
+                    if let Some(b) = bias {
+                        value = value.add(b[c]);
+                    }
+                    *v = if do_relu { relu(value) } else { value };
+                }
+            }
+        }
+    }
+}
+
+/// Depthwise output of image `n`, channels `channels`, output rows `r0..r1`, written to `dst`
+/// laid out as NCHW `[channel][row][col]` (rows `r0..r1` only) or NHWC `[row][col][channel]`.
+fn depthwise_tile<T: Real>(
+    g: &Geometry,
+    xs: &[T],
+    ws: &[T],
+    n: usize,
+    r0: usize,
+    r1: usize,
+    dst: &mut [T],
+) {
+    let [_, c, _, ow] = g.y;
+    let taps = g.kh * g.kw;
+    match g.layout {
+        Layout::Nchw => {
+            let in_w = g.x[3];
+            for ch in 0..c {
+                let wk = &ws[ch * taps..(ch + 1) * taps];
+                for r in r0..r1 {
+                    let row = &mut dst[(ch * (r1 - r0) + (r - r0)) * ow..][..ow];
+                    row.fill(T::ZERO);
+                    for i in 0..g.kh {
+                        let Some(h) = g.tap(0, r, i) else { continue };
+                        let x_row = &xs[g.x_offset(n, ch, h, 0)..][..in_w];
+                        for j in 0..g.kw {
+                            let weight = wk[i * g.kw + j];
+                            // Output columns whose tap j lands inside the row.
+                            let shift = j * g.dilation[1];
+                            let (s, pl) = (g.stride[1], g.pad[1]);
+                            let lo = pl.saturating_sub(shift).div_ceil(s);
+                            let hi = (in_w + pl).saturating_sub(shift).div_ceil(s).min(ow);
+                            if lo >= hi {
+                                continue;
+                            }
+                            if s == 1 {
+                                let start = lo + shift - pl;
+                                for (o, xv) in
+                                    row[lo..hi].iter_mut().zip(&x_row[start..start + hi - lo])
+                                {
+                                    *o = o.add(weight.mul(*xv));
+                                }
+                            } else {
+                                for o in lo..hi {
+                                    row[o] = row[o].add(weight.mul(x_row[o * s + shift - pl]));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Layout::Nhwc => {
+            // Weights as [tap][channel] so that the inner loop runs along channels.
+            let mut wt = vec![T::ZERO; taps * c];
+            for ch in 0..c {
+                for t in 0..taps {
+                    wt[t * c + ch] = ws[ch * taps + t];
+                }
+            }
+            for r in r0..r1 {
+                for o in 0..ow {
+                    let acc = &mut dst[((r - r0) * ow + o) * c..][..c];
+                    acc.fill(T::ZERO);
+                    for i in 0..g.kh {
+                        let Some(h) = g.tap(0, r, i) else { continue };
+                        for j in 0..g.kw {
+                            let Some(wp) = g.tap(1, o, j) else { continue };
+                            let xv = &xs[g.x_offset(n, 0, h, wp)..][..c];
+                            let wv = &wt[(i * g.kw + j) * c..][..c];
+                            for ((a, x), w) in acc.iter_mut().zip(xv).zip(wv) {
+                                *a = a.add(w.mul(*x));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Depthwise convolution (one filter per channel) over (image, band) tasks.
+fn depthwise<T: Real>(
+    g: &Geometry,
+    xs: &[T],
+    ws: &[T],
+    y: &mut [T],
+    bias: Option<&[T]>,
+    do_relu: bool,
+) {
+    let [n_images, c, oh, ow] = g.y;
+    let pool = Pool::global();
+    let rows = band_rows(
+        oh,
+        c * ow * std::mem::size_of::<T>(),
+        n_images,
+        pool.threads(),
+    );
+    let bands = oh.div_ceil(rows);
+    let out = Out(y.as_mut_ptr());
+    pool.run(n_images * bands, &|task| {
+        let (n, band) = (task / bands, task % bands);
+        let (r0, r1) = (band * rows, ((band + 1) * rows).min(oh));
+        let out = out;
+        match g.layout {
+            Layout::Nhwc => {
+                // SAFETY: NHWC rows r0..r1 of image n are contiguous and this task's alone.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        out.0.add((n * oh + r0) * ow * c),
+                        (r1 - r0) * ow * c,
+                    )
+                };
+                depthwise_tile(g, xs, ws, n, r0, r1, dst);
+            }
+            Layout::Nchw => {
+                let mut tile = vec![T::ZERO; c * (r1 - r0) * ow];
+                depthwise_tile(g, xs, ws, n, r0, r1, &mut tile);
+                for ch in 0..c {
+                    // SAFETY: rows r0..r1 of channel ch of image n are this task's alone.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            out.0.add(((n * c + ch) * oh + r0) * ow),
+                            (r1 - r0) * ow,
+                        )
+                    };
+                    dst.copy_from_slice(&tile[ch * (r1 - r0) * ow..][..(r1 - r0) * ow]);
+                }
+            }
+        }
+        // SAFETY: as above.
+        unsafe { finish_band(g, out.0, n, r0, r1, bias, do_relu) };
+    });
+}
+
+/// Whether `depthwise` then `pointwise` form a depthwise-separable block this module fuses:
+/// one filter per channel, then a 1×1, stride-1, unpadded, ungrouped convolution, same layout.
+pub fn is_separable_block(
+    depthwise_attrs: &Conv2dAttrs,
+    depthwise_weight: &[usize],
+    depthwise_input: &[usize],
+    pointwise_attrs: &Conv2dAttrs,
+    pointwise_weight: &[usize],
+) -> bool {
+    let channels = dims(depthwise_input, depthwise_attrs.layout)[1];
+    depthwise_attrs.groups == channels
+        && depthwise_weight[0] == channels
+        && depthwise_weight[1] == 1
+        && pointwise_attrs.layout == depthwise_attrs.layout
+        && pointwise_attrs.groups == 1
+        && pointwise_weight[2] == 1
+        && pointwise_weight[3] == 1
+        && pointwise_attrs.stride == [1, 1]
+        && pointwise_attrs.padding == [0; 4]
+}
+
+/// A depthwise convolution followed by a pointwise (1×1) one, fused: each task computes the
+/// depthwise output of a band of rows into a cache-sized tile and multiplies it by the pointwise
+/// weights straight into the output.
+#[allow(clippy::too_many_arguments)]
+pub fn separable(
+    x: &Array,
+    depthwise_weight: &Array,
+    depthwise_attrs: &Conv2dAttrs,
+    middle: &TensorType,
+    pointwise_weight: &Array,
+    out: &TensorType,
+    epilogue: &Epilogue,
+) -> Result<Array, String> {
+    match x.dtype() {
+        DType::F32 => separable_typed::<f32>(
+            x,
+            depthwise_weight,
+            depthwise_attrs,
+            middle,
+            pointwise_weight,
+            out,
+            epilogue,
+        ),
+        DType::F64 => separable_typed::<f64>(
+            x,
+            depthwise_weight,
+            depthwise_attrs,
+            middle,
+            pointwise_weight,
+            out,
+            epilogue,
+        ),
+        other => Err(format!("fast conv2d supports f32 and f64, not {other}")),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn separable_typed<T: Real>(
+    x: &Array,
+    depthwise_weight: &Array,
+    depthwise_attrs: &Conv2dAttrs,
+    middle: &TensorType,
+    pointwise_weight: &Array,
+    out: &TensorType,
+    epilogue: &Epilogue,
+) -> Result<Array, String> {
+    let xs = T::slice(x).ok_or("conv2d input dtype")?;
+    let wd = T::slice(depthwise_weight).ok_or("conv2d operands must share a dtype")?;
+    let wp = T::slice(pointwise_weight).ok_or("conv2d operands must share a dtype")?;
+    let g = Geometry::new(
+        x.shape().dims(),
+        depthwise_weight.shape().dims(),
+        depthwise_attrs,
+        middle.shape.dims(),
+    );
+    let [n_images, c, oh, ow] = g.y;
+    let c_out = pointwise_weight.shape().dims()[0];
+    let out_geometry = Geometry {
+        x: g.y,
+        y: [n_images, c_out, oh, ow],
+        kh: 1,
+        kw: 1,
+        stride: [1, 1],
+        pad: [0, 0],
+        dilation: [1, 1],
+        groups: 1,
+        layout: g.layout,
+    };
+    let bias = bias_values::<T>(epilogue, c_out)?;
+    let mut y = vec![T::ZERO; out.shape.n_elems()];
+    if y.is_empty() {
+        return Array::new(out.shape.clone(), T::wrap(y)).map_err(|e| e.to_string());
+    }
+    let pool = Pool::global();
+    let rows = band_rows(
+        oh,
+        c * ow * std::mem::size_of::<T>(),
+        n_images,
+        pool.threads(),
+    );
+    let bands = oh.div_ceil(rows);
+    let dst = Out(y.as_mut_ptr());
+    pool.run(n_images * bands, &|task| {
+        let (n, band) = (task / bands, task % bands);
+        let (r0, r1) = (band * rows, ((band + 1) * rows).min(oh));
+        let p = (r1 - r0) * ow;
+        let dst = dst;
+        let mut tile = vec![T::ZERO; c * p];
+        depthwise_tile(&g, xs, wd, n, r0, r1, &mut tile);
+        // SAFETY: the tile is C x P (NCHW) or P x C (NHWC); the destination band belongs to
+        // this task alone.
+        unsafe {
+            match g.layout {
+                Layout::Nchw => {
+                    let at = dst.0.add((n * c_out * oh + r0) * ow);
+                    gemm_into(
+                        c_out,
+                        p,
+                        c,
+                        at,
+                        oh * ow,
+                        1,
+                        wp.as_ptr(),
+                        c,
+                        1,
+                        tile.as_ptr(),
+                        p,
+                        1,
+                    );
+                }
+                Layout::Nhwc => {
+                    let at = dst.0.add((n * oh + r0) * ow * c_out);
+                    gemm_into(
+                        p,
+                        c_out,
+                        c,
+                        at,
+                        c_out,
+                        1,
+                        tile.as_ptr(),
+                        c,
+                        1,
+                        wp.as_ptr(),
+                        1,
+                        c,
+                    );
+                }
+            }
+            finish_band(&out_geometry, dst.0, n, r0, r1, bias, epilogue.relu);
+        }
+    });
+    Array::new(out.shape.clone(), T::wrap(y)).map_err(|e| e.to_string())
+}

@@ -1,0 +1,216 @@
+//! Structured ops on their fast paths against the reference interpreter: convolutions in both
+//! layouts over strides, padding, dilation, groups, depthwise and pointwise shapes, odd and
+//! size-1 dimensions, non-finite inputs; fast numerics within the summation bound, strict
+//! numerics bit-identical.
+
+use kfuse_cpu::Numerics;
+use kfuse_fusion::{FixedCostModel, FusePolicy};
+use kfuse_interp::CustomOps;
+use kfuse_ir::text::parse_graph;
+use kfuse_ir::{Array, Graph};
+use kfuse_runtime::{compile_with, Backend, Executable, Options};
+use kfuse_testkit::Rng;
+
+fn build(graph: &Graph, numerics: Numerics) -> Executable {
+    let options = Options {
+        policy: FusePolicy::Cost,
+        numerics,
+        backend: Backend::Auto,
+        cache_dir: std::env::temp_dir().join(format!("kfuse-structured-{}", std::process::id())),
+    };
+    compile_with(graph, &options, &FixedCostModel::default()).expect("compiles")
+}
+
+fn random_inputs(graph: &Graph, seed: u64) -> Vec<(String, Array)> {
+    let mut rng = Rng::new(seed);
+    graph
+        .inputs()
+        .map(|(_, name, ty)| {
+            let values: Vec<f64> = (0..ty.shape.n_elems())
+                .map(|_| (rng.below(2001) as f64 - 1000.0) / 250.0)
+                .collect();
+            let array = Array::from_vec(ty.shape.dims().to_vec(), values).unwrap();
+            (
+                name.to_string(),
+                kfuse_interp::elementwise::cast(&array, ty.dtype),
+            )
+        })
+        .collect()
+}
+
+fn abs_inputs(inputs: &[(String, Array)]) -> Vec<(String, Array)> {
+    inputs
+        .iter()
+        .map(|(n, a)| {
+            let values: Vec<f64> = (0..a.n_elems()).map(|i| a.get_f64(i).abs()).collect();
+            let abs = Array::from_vec(a.shape().dims().to_vec(), values).unwrap();
+            (n.clone(), kfuse_interp::elementwise::cast(&abs, a.dtype()))
+        })
+        .collect()
+}
+
+/// Checks `graph` (whose every output is a sum of at most `terms` products per element) fast
+/// against the reference within `2 terms eps sum|products|`, and strict bit for bit. Returns how
+/// many fast results differ from the reference in any bit (the fast path sums in another order).
+fn check(graph: &Graph, inputs: &[(String, Array)], terms: usize, what: &str) -> usize {
+    let mut differing = 0;
+    let want = kfuse_interp::run(graph, inputs, &CustomOps::new()).unwrap();
+    let magnitude = kfuse_interp::run(graph, &abs_inputs(inputs), &CustomOps::new()).unwrap();
+    let (fast, _) = build(graph, Numerics::Fast)
+        .run(inputs, &CustomOps::new())
+        .unwrap();
+    let eps = match want[0].1.dtype() {
+        kfuse_ir::DType::F32 => f32::EPSILON as f64,
+        _ => f64::EPSILON,
+    };
+    for ((name, w), ((_, f), (_, m))) in want.iter().zip(fast.iter().zip(&magnitude)) {
+        assert_eq!(w.shape(), f.shape(), "{what}: {name}");
+        for i in 0..w.n_elems() {
+            let (wv, fv) = (w.get_f64(i), f.get_f64(i));
+            if !wv.is_finite() {
+                assert!(
+                    wv.is_nan() && fv.is_nan() || wv == fv,
+                    "{what}: {name}[{i}] reference {wv}, fast {fv}"
+                );
+                continue;
+            }
+            differing += (wv.to_bits() != fv.to_bits()) as usize;
+            let bound = 2.0 * terms as f64 * eps * m.get_f64(i) + f64::MIN_POSITIVE;
+            assert!(
+                (wv - fv).abs() <= bound,
+                "{what}: {name}[{i}] reference {wv}, fast {fv}, bound {bound}"
+            );
+        }
+    }
+    let (strict, _) = build(graph, Numerics::Strict)
+        .run(inputs, &CustomOps::new())
+        .unwrap();
+    for ((name, w), (_, s)) in want.iter().zip(&strict) {
+        for i in 0..w.n_elems() {
+            let (a, b) = (w.get_f64(i), s.get_f64(i));
+            assert!(
+                a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan(),
+                "{what}: strict {name}[{i}] {b} differs from the reference {a}"
+            );
+        }
+    }
+    differing
+}
+
+/// One convolution case: NCHW dims of x, output channels, kernel, stride, padding, dilation,
+/// groups.
+struct Case {
+    x: [usize; 4],
+    c_out: usize,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 4],
+    dilation: [usize; 2],
+    groups: usize,
+}
+
+fn conv_program(case: &Case, layout: &str, dtype: &str) -> Graph {
+    let [n, c, h, w] = case.x;
+    let x_shape = if layout == "nchw" {
+        format!("[{n}, {c}, {h}, {w}]")
+    } else {
+        format!("[{n}, {h}, {w}, {c}]")
+    };
+    let text = format!(
+        "%x = input() name=\"x\" : {dtype}{x_shape}\n\
+         %w = input() name=\"w\" : {dtype}[{}, {}, {}, {}]\n\
+         %y = conv2d(%x, %w) layout={layout} stride={:?} padding={:?} dilation={:?} groups={}\n\
+         output \"y\" = %y\n",
+        case.c_out,
+        c / case.groups,
+        case.kernel[0],
+        case.kernel[1],
+        case.stride,
+        case.padding,
+        case.dilation,
+        case.groups
+    );
+    parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+fn cases() -> Vec<Case> {
+    let case = |x, c_out, kernel, stride, padding, dilation, groups| Case {
+        x,
+        c_out,
+        kernel,
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    vec![
+        case([2, 6, 9, 11], 4, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        case([1, 4, 7, 5], 6, [3, 2], [2, 1], [1, 0, 2, 1], [2, 1], 2),
+        case([2, 5, 8, 9], 3, [3, 3], [1, 1], [2, 2, 2, 2], [2, 2], 1),
+        // Depthwise, depthwise with stride and uneven padding, and channel multiplier 2.
+        case([2, 8, 13, 10], 8, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 8),
+        case([2, 8, 13, 10], 8, [3, 3], [2, 2], [1, 0, 0, 1], [1, 1], 8),
+        case([1, 8, 9, 7], 8, [5, 3], [1, 2], [2, 2, 1, 1], [1, 2], 8),
+        case([1, 4, 6, 6], 8, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 4),
+        // Pointwise: plain, grouped, strided (not a plain product).
+        case([2, 16, 5, 7], 12, [1, 1], [1, 1], [0; 4], [1, 1], 1),
+        case([2, 16, 5, 7], 12, [1, 1], [1, 1], [0; 4], [1, 1], 4),
+        case([1, 6, 7, 7], 5, [1, 1], [2, 2], [0; 4], [1, 1], 1),
+        // Size 1 everywhere, a kernel larger than the input, and an empty batch.
+        case([1, 1, 1, 1], 1, [1, 1], [1, 1], [0; 4], [1, 1], 1),
+        case([1, 3, 2, 2], 2, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        case([0, 3, 4, 4], 2, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        // Enough rows to split into several bands per image.
+        case([1, 3, 64, 33], 5, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+    ]
+}
+
+#[test]
+fn fast_convolutions_match_the_reference_in_every_layout_and_shape() {
+    let mut differing = 0;
+    for (k, case) in cases().iter().enumerate() {
+        for layout in ["nchw", "nhwc"] {
+            for dtype in ["f32", "f64"] {
+                let graph = conv_program(case, layout, dtype);
+                let inputs = random_inputs(&graph, k as u64);
+                let terms = case.x[1] / case.groups * case.kernel[0] * case.kernel[1];
+                differing += check(
+                    &graph,
+                    &inputs,
+                    terms,
+                    &format!("case {k} {layout} {dtype}"),
+                );
+            }
+        }
+    }
+    assert!(
+        differing > 0,
+        "fast numerics never left the reference's summation order"
+    );
+}
+
+#[test]
+fn non_finite_inputs_propagate_as_in_the_reference() {
+    let case = Case {
+        x: [1, 4, 6, 6],
+        c_out: 3,
+        kernel: [3, 3],
+        stride: [1, 1],
+        padding: [1, 1, 1, 1],
+        dilation: [1, 1],
+        groups: 1,
+    };
+    for layout in ["nchw", "nhwc"] {
+        let graph = conv_program(&case, layout, "f32");
+        let mut inputs = random_inputs(&graph, 99);
+        let x = &inputs[0].1;
+        let mut values: Vec<f32> = x.as_slice::<f32>().unwrap().to_vec();
+        values[3] = f32::NAN;
+        values[40] = f32::INFINITY;
+        values[41] = f32::NEG_INFINITY;
+        values[100] = 1e-40; // subnormal
+        values[101] = -0.0;
+        inputs[0].1 = Array::from_vec(x.shape().dims().to_vec(), values).unwrap();
+        check(&graph, &inputs, 36, &format!("non-finite {layout}"));
+    }
+}
