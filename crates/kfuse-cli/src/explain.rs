@@ -25,6 +25,9 @@ fn step_bytes(program: &Program, step: &Step) -> (usize, usize) {
         }
         Step::Library {
             inputs, outputs, ..
+        }
+        | Step::Structured {
+            inputs, outputs, ..
         } => (
             inputs
                 .iter()
@@ -110,6 +113,7 @@ pub fn explain(
                 let (kind, domain, reduce) = match &p.kernels[k].kind {
                     KernelKind::Fused { domain, reduce } => ("fused", domain.dims().to_vec(), reduce.clone()),
                     KernelKind::Library => ("library", vec![], vec![]),
+                    KernelKind::Structured(_) => ("structured", vec![], vec![]),
                 };
                 json!({
                     "name": format!("k{k}"),
@@ -153,6 +157,7 @@ pub fn explain(
                 format!("fused row kernel over {domain}, reducing axes {reduce:?}")
             }
             KernelKind::Library => "library kernel".to_string(),
+            KernelKind::Structured(group) => structured_head(graph, group),
         };
         writeln!(
             s,
@@ -183,4 +188,34 @@ pub fn explain(
         writeln!(s, "note: {note}").unwrap();
     }
     Ok(s)
+}
+
+/// What a structured kernel fused into its convolution, and how.
+fn structured_head(graph: &Graph, group: &kfuse::fusion::ConvGroup) -> String {
+    let mut parts = Vec::new();
+    if let Some(d) = group.depthwise {
+        parts.push(format!(
+            "depthwise conv2d %{} computed tile by tile into cache and consumed there (its output is never stored)",
+            d.0
+        ));
+    }
+    let mut epilogue = Vec::new();
+    if let Some(a) = group.bias_add {
+        epilogue.push(format!("per-channel bias add %{}", a.0));
+    }
+    if let Some(r) = group.relu {
+        epilogue.push(format!("relu %{}", r.0));
+    }
+    if !epilogue.is_empty() {
+        parts.push(format!(
+            "epilogue {} applied to each output tile while hot",
+            epilogue.join(" + ")
+        ));
+    }
+    let _ = graph;
+    format!(
+        "structured kernel: conv2d %{} with {}",
+        group.conv.0,
+        parts.join("; ")
+    )
 }

@@ -9,7 +9,7 @@
 //! Like [`crate::matmul`], sums are blocked and use FMA, so results are not bit-identical to
 //! the reference interpreter: strict numerics keep the reference convolution.
 
-use kfuse_ir::{Array, Conv2dAttrs, DType, Layout, Storage, TensorType};
+use kfuse_ir::{Conv2dAttrs, DType, Layout, Storage};
 
 use crate::Pool;
 
@@ -22,11 +22,18 @@ pub fn supported(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F64)
 }
 
+/// A tensor operand: its data and dims, borrowed where it lives (no copy).
+#[derive(Clone, Copy, Debug)]
+pub struct View<'a> {
+    pub storage: &'a Storage,
+    pub dims: &'a [usize],
+}
+
 /// Work applied to each output tile after its GEMM.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Epilogue<'a> {
     /// One value per output channel, added.
-    pub bias: Option<&'a Array>,
+    pub bias: Option<&'a Storage>,
     /// Then `max(y, 0)`; NaN stays NaN, as in the IR's `relu`.
     pub relu: bool,
 }
@@ -36,8 +43,8 @@ trait Real: Copy + Send + Sync + 'static + PartialOrd {
     const ONE: Self;
     fn add(self, other: Self) -> Self;
     fn mul(self, other: Self) -> Self;
-    fn slice(array: &Array) -> Option<&[Self]>;
-    fn wrap(values: Vec<Self>) -> Storage;
+    fn slice(storage: &Storage) -> Option<&[Self]>;
+    fn slice_mut(storage: &mut Storage) -> Option<&mut [Self]>;
 }
 
 macro_rules! real {
@@ -51,11 +58,17 @@ macro_rules! real {
             fn mul(self, other: Self) -> Self {
                 self * other
             }
-            fn slice(array: &Array) -> Option<&[Self]> {
-                array.as_slice::<$t>()
+            fn slice(storage: &Storage) -> Option<&[Self]> {
+                match storage {
+                    Storage::$variant(v) => Some(v),
+                    _ => None,
+                }
             }
-            fn wrap(values: Vec<Self>) -> Storage {
-                Storage::$variant(values)
+            fn slice_mut(storage: &mut Storage) -> Option<&mut [Self]> {
+                match storage {
+                    Storage::$variant(v) => Some(v),
+                    _ => None,
+                }
             }
         }
     };
@@ -173,19 +186,35 @@ fn band_rows(out_rows: usize, bytes_per_row: usize, images: usize, threads: usiz
     by_cache.min(by_balance).min(out_rows).max(1)
 }
 
-/// Grouped, strided, dilated, zero-padded 2-D convolution with an epilogue, for f32 and f64.
+/// Grouped, strided, dilated, zero-padded 2-D convolution with an epilogue, for f32 and f64,
+/// written into `out` (which has the output's dtype and element count; its contents are
+/// overwritten).
 pub fn conv2d(
-    x: &Array,
-    w: &Array,
+    x: View,
+    w: View,
     attrs: &Conv2dAttrs,
-    out: &TensorType,
+    out_dims: &[usize],
+    out: &mut Storage,
     epilogue: &Epilogue,
-) -> Result<Array, String> {
-    match x.dtype() {
-        DType::F32 => conv2d_typed::<f32>(x, w, attrs, out, epilogue),
-        DType::F64 => conv2d_typed::<f64>(x, w, attrs, out, epilogue),
+) -> Result<(), String> {
+    match x.storage.dtype() {
+        DType::F32 => conv2d_typed::<f32>(x, w, attrs, out_dims, out, epilogue),
+        DType::F64 => conv2d_typed::<f64>(x, w, attrs, out_dims, out, epilogue),
         other => Err(format!("fast conv2d supports f32 and f64, not {other}")),
     }
+}
+
+/// The typed output slice, checked against the expected element count.
+fn output<'a, T: Real>(out: &'a mut Storage, dims: &[usize]) -> Result<&'a mut [T], String> {
+    let n: usize = dims.iter().product();
+    let slice = T::slice_mut(out).ok_or("the output dtype differs from the convolution's")?;
+    if slice.len() != n {
+        return Err(format!(
+            "the output holds {} elements, not {n}",
+            slice.len()
+        ));
+    }
+    Ok(slice)
 }
 
 /// The geometry of one convolution.
@@ -251,26 +280,27 @@ impl Geometry {
 }
 
 fn conv2d_typed<T: Real>(
-    x: &Array,
-    w: &Array,
+    x: View,
+    w: View,
     attrs: &Conv2dAttrs,
-    out: &TensorType,
+    out_dims: &[usize],
+    out: &mut Storage,
     epilogue: &Epilogue,
-) -> Result<Array, String> {
-    let xs = T::slice(x).ok_or("conv2d input dtype")?;
-    let ws = T::slice(w).ok_or("conv2d operands must share a dtype")?;
-    let g = Geometry::new(x.shape().dims(), w.shape().dims(), attrs, out.shape.dims());
+) -> Result<(), String> {
+    let xs = T::slice(x.storage).ok_or("conv2d input dtype")?;
+    let ws = T::slice(w.storage).ok_or("conv2d operands must share a dtype")?;
+    let g = Geometry::new(x.dims, w.dims, attrs, out_dims);
     let bias = bias_values::<T>(epilogue, g.y[1])?;
-    let mut y = vec![T::ZERO; out.shape.n_elems()];
+    let y = output::<T>(out, out_dims)?;
     if !y.is_empty() {
         let is_depthwise = g.groups == g.x[1] && g.y[1] == g.x[1];
         if is_depthwise {
-            depthwise(&g, xs, ws, &mut y, bias, epilogue.relu);
+            depthwise(&g, xs, ws, y, bias, epilogue.relu);
         } else {
-            im2col_gemm(&g, xs, ws, &mut y, bias, epilogue.relu);
+            im2col_gemm(&g, xs, ws, y, bias, epilogue.relu);
         }
     }
-    Array::new(out.shape.clone(), T::wrap(y)).map_err(|e| e.to_string())
+    Ok(())
 }
 
 /// General convolution: per task, the im2col columns of a band of output rows, one GEMM per
@@ -587,58 +617,50 @@ pub fn is_separable_block(
 /// weights straight into the output.
 #[allow(clippy::too_many_arguments)]
 pub fn separable(
-    x: &Array,
-    depthwise_weight: &Array,
+    x: View,
+    depthwise_weight: View,
     depthwise_attrs: &Conv2dAttrs,
-    middle: &TensorType,
-    pointwise_weight: &Array,
-    out: &TensorType,
+    middle_dims: &[usize],
+    pointwise_weight: View,
+    out_dims: &[usize],
+    out: &mut Storage,
     epilogue: &Epilogue,
-) -> Result<Array, String> {
-    match x.dtype() {
-        DType::F32 => separable_typed::<f32>(
-            x,
-            depthwise_weight,
-            depthwise_attrs,
-            middle,
-            pointwise_weight,
-            out,
-            epilogue,
-        ),
-        DType::F64 => separable_typed::<f64>(
-            x,
-            depthwise_weight,
-            depthwise_attrs,
-            middle,
-            pointwise_weight,
-            out,
-            epilogue,
-        ),
+) -> Result<(), String> {
+    let args = (
+        x,
+        depthwise_weight,
+        depthwise_attrs,
+        middle_dims,
+        pointwise_weight,
+        out_dims,
+    );
+    match x.storage.dtype() {
+        DType::F32 => separable_typed::<f32>(args, out, epilogue),
+        DType::F64 => separable_typed::<f64>(args, out, epilogue),
         other => Err(format!("fast conv2d supports f32 and f64, not {other}")),
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+type SeparableArgs<'a> = (
+    View<'a>,
+    View<'a>,
+    &'a Conv2dAttrs,
+    &'a [usize],
+    View<'a>,
+    &'a [usize],
+);
+
 fn separable_typed<T: Real>(
-    x: &Array,
-    depthwise_weight: &Array,
-    depthwise_attrs: &Conv2dAttrs,
-    middle: &TensorType,
-    pointwise_weight: &Array,
-    out: &TensorType,
+    (x, depthwise_weight, depthwise_attrs, middle_dims, pointwise_weight, out_dims): SeparableArgs,
+    out: &mut Storage,
     epilogue: &Epilogue,
-) -> Result<Array, String> {
-    let xs = T::slice(x).ok_or("conv2d input dtype")?;
-    let wd = T::slice(depthwise_weight).ok_or("conv2d operands must share a dtype")?;
-    let wp = T::slice(pointwise_weight).ok_or("conv2d operands must share a dtype")?;
-    let g = Geometry::new(
-        x.shape().dims(),
-        depthwise_weight.shape().dims(),
-        depthwise_attrs,
-        middle.shape.dims(),
-    );
+) -> Result<(), String> {
+    let xs = T::slice(x.storage).ok_or("conv2d input dtype")?;
+    let wd = T::slice(depthwise_weight.storage).ok_or("conv2d operands must share a dtype")?;
+    let wp = T::slice(pointwise_weight.storage).ok_or("conv2d operands must share a dtype")?;
+    let g = Geometry::new(x.dims, depthwise_weight.dims, depthwise_attrs, middle_dims);
     let [n_images, c, oh, ow] = g.y;
-    let c_out = pointwise_weight.shape().dims()[0];
+    let c_out = pointwise_weight.dims[0];
     let out_geometry = Geometry {
         x: g.y,
         y: [n_images, c_out, oh, ow],
@@ -651,9 +673,9 @@ fn separable_typed<T: Real>(
         layout: g.layout,
     };
     let bias = bias_values::<T>(epilogue, c_out)?;
-    let mut y = vec![T::ZERO; out.shape.n_elems()];
+    let y = output::<T>(out, out_dims)?;
     if y.is_empty() {
-        return Array::new(out.shape.clone(), T::wrap(y)).map_err(|e| e.to_string());
+        return Ok(());
     }
     let pool = Pool::global();
     let rows = band_rows(
@@ -713,5 +735,5 @@ fn separable_typed<T: Real>(
             finish_band(&out_geometry, dst.0, n, r0, r1, bias, epilogue.relu);
         }
     });
-    Array::new(out.shape.clone(), T::wrap(y)).map_err(|e| e.to_string())
+    Ok(())
 }

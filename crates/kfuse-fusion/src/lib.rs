@@ -6,9 +6,11 @@
 
 pub mod cost;
 mod partition;
+pub mod structured;
 
 pub use cost::{CostModel, FixedCostModel};
 pub use partition::{
     partition, print_partition, splits_rows, FusePolicy, FusionDecision, Kernel, KernelKind,
     Partition, MIN_ROW,
 };
+pub use structured::ConvGroup;

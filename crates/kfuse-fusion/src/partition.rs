@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
+use crate::structured::{conv_groups, ConvGroup};
 use kfuse_ir::{Graph, NodeId, Op, Shape};
 
 use crate::cost::CostModel;
@@ -60,6 +61,8 @@ pub enum KernelKind {
     Fused { domain: Shape, reduce: Vec<usize> },
     /// One structured or opaque op run by a library routine.
     Library,
+    /// A convolution with the neighbours it absorbs, run by one library routine.
+    Structured(ConvGroup),
 }
 
 /// One kernel of a partition.
@@ -131,8 +134,34 @@ fn class(graph: &Graph, id: NodeId) -> Class {
 /// Cuts `graph` into kernels under `policy`, consulting `cost` for recompute-or-store choices.
 pub fn partition(graph: &Graph, policy: FusePolicy, cost: &dyn CostModel) -> Partition {
     let mut stored: BTreeMap<NodeId, String> = BTreeMap::new();
+    let mut notes = Vec::new();
+    let groups = if policy == FusePolicy::None {
+        Vec::new()
+    } else {
+        conv_groups(graph, &mut notes)
+    };
+    let mut grouped: BTreeMap<NodeId, usize> = BTreeMap::new();
+    for (g, group) in groups.iter().enumerate() {
+        for n in group.nodes() {
+            grouped.insert(n, g);
+        }
+    }
     for id in graph.node_ids() {
         let node = graph.node(id);
+        if let Some(&g) = grouped.get(&id) {
+            let group = &groups[g];
+            if id == group.last() {
+                stored.insert(id, group.reason(graph));
+            }
+            for v in &node.operands {
+                if !grouped.contains_key(&v.node) || grouped[&v.node] != g {
+                    stored.entry(v.node).or_insert_with(|| {
+                        format!("read by the convolution kernel of %{}", group.conv.0)
+                    });
+                }
+            }
+            continue;
+        }
         match class(graph, id) {
             Class::Input => {
                 stored.insert(id, "graph input".into());
@@ -163,9 +192,8 @@ pub fn partition(graph: &Graph, policy: FusePolicy, cost: &dyn CostModel) -> Par
             .entry(out.value.node)
             .or_insert_with(|| "graph output".into());
     }
-    let mut notes = Vec::new();
     loop {
-        let kernels = match form_kernels(graph, &stored, policy) {
+        let kernels = match form_kernels(graph, &stored, policy, &groups) {
             Ok(k) => k,
             Err((id, reason)) => {
                 stored.insert(id, reason);
@@ -242,9 +270,27 @@ fn form_kernels(
     graph: &Graph,
     stored: &BTreeMap<NodeId, String>,
     policy: FusePolicy,
+    groups: &[ConvGroup],
 ) -> Result<Vec<Kernel>, (NodeId, String)> {
     let mut kernels = Vec::new();
     for id in graph.node_ids() {
+        if let Some(group) = groups.iter().find(|g| g.nodes().contains(&id)) {
+            if id == group.last() {
+                let nodes = group.nodes();
+                let inputs: BTreeSet<NodeId> = nodes
+                    .iter()
+                    .flat_map(|&n| graph.node(n).operands.iter().map(|v| v.node))
+                    .filter(|n| !nodes.contains(n))
+                    .collect();
+                kernels.push(Kernel {
+                    kind: KernelKind::Structured(group.clone()),
+                    nodes,
+                    outputs: vec![id],
+                    inputs: inputs.into_iter().collect(),
+                });
+            }
+            continue;
+        }
         match class(graph, id) {
             Class::Library => kernels.push(Kernel {
                 kind: KernelKind::Library,
@@ -872,6 +918,7 @@ pub fn print_partition(graph: &Graph, p: &Partition) -> String {
                 }
             }
             KernelKind::Library => write!(s, "k{k} library").unwrap(),
+            KernelKind::Structured(_) => write!(s, "k{k} structured").unwrap(),
         }
         let ops: Vec<String> = kernel
             .nodes

@@ -13,7 +13,7 @@ use kfuse_ir::{
 };
 
 use crate::ir::{Access, Arg, IndexOp, Inst, InstId, InstKind, Kernel};
-use crate::program::{BufId, Buffer, BufferKind, Program, Step};
+use crate::program::{BufId, Buffer, BufferKind, ConvCall, Program, Step};
 
 /// Why lowering failed. Lowering only fails on partitions that violate their own invariants, so
 /// this is always a kfuse bug, reported rather than panicking.
@@ -67,6 +67,46 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                             }]
                         })
                         .collect(),
+                });
+            }
+            KernelKind::Structured(group) => {
+                let operand = |node: NodeId, i: usize| buf_of[&graph.node(node).operands[i]];
+                let conv_attrs = |node: NodeId| match &graph.node(node).op {
+                    Op::Conv2d(attrs) => attrs.clone(),
+                    other => unreachable!(
+                        "a conv group's convolution is a conv2d, not {}",
+                        other.name()
+                    ),
+                };
+                let mut inputs = Vec::new();
+                let depthwise = group.depthwise.map(|d| {
+                    inputs.push(operand(d, 0));
+                    inputs.push(operand(d, 1));
+                    (conv_attrs(d), graph.node(d).types[0].clone())
+                });
+                if depthwise.is_none() {
+                    inputs.push(operand(group.conv, 0));
+                }
+                inputs.push(operand(group.conv, 1));
+                if let Some(bias) = group.bias {
+                    inputs.push(buf_of[&bias]);
+                }
+                let last = group.last();
+                steps.push(Step::Structured {
+                    nodes: group.nodes().iter().map(|n| n.0).collect(),
+                    call: ConvCall {
+                        depthwise,
+                        conv: conv_attrs(group.conv),
+                        bias: group.bias.is_some(),
+                        relu: group.relu.is_some(),
+                    },
+                    inputs,
+                    outputs: vec![
+                        buf_of[&Value {
+                            node: last,
+                            result: 0,
+                        }],
+                    ],
                 });
             }
             KernelKind::Fused { domain, reduce } => {

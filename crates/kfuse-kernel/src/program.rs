@@ -1,6 +1,6 @@
 //! A lowered graph: buffers, and the steps that fill them.
 
-use kfuse_ir::{Array, Op, TensorType};
+use kfuse_ir::{Array, Conv2dAttrs, Op, TensorType};
 
 use crate::Kernel;
 
@@ -38,6 +38,46 @@ pub enum Step {
         inputs: Vec<BufId>,
         outputs: Vec<BufId>,
     },
+    /// A convolution with the neighbours it absorbed (`kfuse_fusion::ConvGroup`), run by one
+    /// library routine. `inputs` are the activations, the depthwise weights (if any), the
+    /// convolution weights and the bias (if any); `outputs` the group's one result.
+    Structured {
+        nodes: Vec<u32>,
+        call: ConvCall,
+        inputs: Vec<BufId>,
+        outputs: Vec<BufId>,
+    },
+}
+
+/// What a structured convolution step computes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvCall {
+    /// A depthwise convolution first, with the type of its (never stored) result.
+    pub depthwise: Option<(Conv2dAttrs, TensorType)>,
+    /// The convolution.
+    pub conv: Conv2dAttrs,
+    /// Add a per-channel bias (the last input) to the convolution's result.
+    pub bias: bool,
+    /// Then `relu`.
+    pub relu: bool,
+}
+
+impl ConvCall {
+    /// A name listing the work, such as `conv2d+add+relu`.
+    pub fn name(&self) -> String {
+        let mut parts = Vec::new();
+        if self.depthwise.is_some() {
+            parts.push("conv2d.depthwise");
+        }
+        parts.push("conv2d");
+        if self.bias {
+            parts.push("add");
+        }
+        if self.relu {
+            parts.push("relu");
+        }
+        parts.join("+")
+    }
 }
 
 /// A graph lowered to buffers and steps, ready for a backend.
@@ -59,7 +99,7 @@ impl Program {
     pub fn kernels(&self) -> impl Iterator<Item = &Kernel> {
         self.steps.iter().filter_map(|s| match s {
             Step::Kernel { kernel, .. } => Some(kernel),
-            Step::Library { .. } => None,
+            Step::Library { .. } | Step::Structured { .. } => None,
         })
     }
 }

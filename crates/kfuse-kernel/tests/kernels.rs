@@ -97,6 +97,9 @@ fn snapshots() {
                 Step::Library { node, op, .. } => {
                     out.push_str(&format!("library %{node} {}\n", op.name()))
                 }
+                Step::Structured { nodes, call, .. } => {
+                    out.push_str(&format!("structured %{} {}\n", nodes[0], call.name()))
+                }
             }
         }
         Ok(out)

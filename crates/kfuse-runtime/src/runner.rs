@@ -37,8 +37,12 @@ fn buffers_of(step: &Step, access: Access) -> Vec<BufId> {
             .filter(|(_, a)| a.access == access)
             .map(|(b, _)| *b)
             .collect(),
-        Step::Library { inputs, .. } if access == Access::Read => inputs.clone(),
-        Step::Library { outputs, .. } => outputs.clone(),
+        Step::Library { inputs, .. } | Step::Structured { inputs, .. }
+            if access == Access::Read =>
+        {
+            inputs.clone()
+        }
+        Step::Library { outputs, .. } | Step::Structured { outputs, .. } => outputs.clone(),
     }
 }
 
@@ -277,6 +281,95 @@ impl<'a> Runner<'a> {
                 }
                 Step::Library {
                     node,
+                    op: kfuse_ir::Op::Conv2d(attrs),
+                    inputs: ins,
+                    outputs,
+                } if self.numerics == Numerics::Fast
+                    && kfuse_cpu::conv::supported(program.buffer(ins[0]).ty.dtype) =>
+                {
+                    stats.library_steps += 1;
+                    let view = |b: BufId| kfuse_cpu::conv::View {
+                        storage: storage_of(b).expect("library inputs are computed first"),
+                        dims: program.buffer(b).ty.shape.dims(),
+                    };
+                    kfuse_cpu::conv::conv2d(
+                        view(ins[0]),
+                        view(ins[1]),
+                        attrs,
+                        program.buffer(outputs[0]).ty.shape.dims(),
+                        &mut taken[0].1,
+                        &kfuse_cpu::conv::Epilogue::default(),
+                    )
+                    .map_err(|message| RunError::Step {
+                        step: s,
+                        what: format!("node %{node} (conv2d)"),
+                        message,
+                    })
+                }
+                Step::Structured {
+                    nodes,
+                    call,
+                    inputs: ins,
+                    outputs,
+                } => {
+                    stats.library_steps += 1;
+                    let view = |b: BufId| kfuse_cpu::conv::View {
+                        storage: storage_of(b).expect("structured inputs are computed first"),
+                        dims: program.buffer(b).ty.shape.dims(),
+                    };
+                    let out_ty = &program.buffer(outputs[0]).ty;
+                    let fast =
+                        self.numerics == Numerics::Fast && kfuse_cpu::conv::supported(out_ty.dtype);
+                    let result = if fast {
+                        let epilogue = kfuse_cpu::conv::Epilogue {
+                            bias: call.bias.then(|| view(*ins.last().unwrap()).storage),
+                            relu: call.relu,
+                        };
+                        match &call.depthwise {
+                            Some((depthwise, middle)) => kfuse_cpu::conv::separable(
+                                view(ins[0]),
+                                view(ins[1]),
+                                depthwise,
+                                middle.shape.dims(),
+                                view(ins[2]),
+                                out_ty.shape.dims(),
+                                &mut taken[0].1,
+                                &epilogue,
+                            ),
+                            None => kfuse_cpu::conv::conv2d(
+                                view(ins[0]),
+                                view(ins[1]),
+                                &call.conv,
+                                out_ty.shape.dims(),
+                                &mut taken[0].1,
+                                &epilogue,
+                            ),
+                        }
+                    } else {
+                        let array = |b: BufId| {
+                            Array::new(program.buffer(b).ty.shape.clone(), view(b).storage.clone())
+                                .expect("buffer matches its type")
+                        };
+                        reference_conv_group(call, ins, out_ty, array).map(|a| {
+                            taken[0].1 = a.into_storage();
+                        })
+                    };
+                    result.map_err(|message| RunError::Step {
+                        step: s,
+                        what: format!(
+                            "nodes {} ({})",
+                            nodes
+                                .iter()
+                                .map(|n| format!("%{n}"))
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                            call.name()
+                        ),
+                        message,
+                    })
+                }
+                Step::Library {
+                    node,
                     op,
                     inputs: ins,
                     outputs,
@@ -300,27 +393,12 @@ impl<'a> Runner<'a> {
                     let fast_matmul = *op == kfuse_ir::Op::MatMul
                         && self.numerics == Numerics::Fast
                         && kfuse_cpu::matmul::supported(refs[0].dtype());
-                    let fast_conv = match op {
-                        kfuse_ir::Op::Conv2d(attrs) if self.numerics == Numerics::Fast => {
-                            kfuse_cpu::conv::supported(refs[0].dtype()).then_some(attrs)
-                        }
-                        _ => None,
-                    };
                     let result = if fast_matmul {
                         kfuse_cpu::matmul::matmul(
                             refs[0],
                             refs[1],
                             &types[0],
                             kfuse_cpu::Pool::global().threads(),
-                        )
-                        .map(|a| vec![a])
-                    } else if let Some(attrs) = fast_conv {
-                        kfuse_cpu::conv::conv2d(
-                            refs[0],
-                            refs[1],
-                            attrs,
-                            &types[0],
-                            &kfuse_cpu::conv::Epilogue::default(),
                         )
                         .map(|a| vec![a])
                     } else {
@@ -352,6 +430,9 @@ impl<'a> Runner<'a> {
                         .map_or("tile interpreter", Tier::name),
                 ),
                 Step::Library { node, op, .. } => (format!("%{node} {}", op.name()), "library"),
+                Step::Structured { nodes, call, .. } => {
+                    (format!("%{} {}", nodes[0], call.name()), "library")
+                }
             };
             let bytes =
                 |ids: Vec<BufId>| ids.iter().map(|b| program.buffer(*b).ty.size_bytes()).sum();
@@ -400,4 +481,36 @@ impl<'a> Runner<'a> {
             })
             .collect()
     }
+}
+
+/// A structured convolution step evaluated op by op on the reference interpreter: what strict
+/// numerics (and dtypes without a fast routine) run, bit-identical to the graph's ops.
+fn reference_conv_group<'a>(
+    call: &kfuse_kernel::ConvCall,
+    inputs: &[BufId],
+    out_ty: &kfuse_ir::TensorType,
+    array: impl Fn(BufId) -> Array + 'a,
+) -> Result<Array, String> {
+    use kfuse_ir::{BinaryOp, Op, UnaryOp};
+    let custom = CustomOps::new();
+    let eval = |op: Op, ty: &kfuse_ir::TensorType, operands: &[&Array]| {
+        kfuse_interp::eval_op(&op, std::slice::from_ref(ty), operands, &custom)
+            .map(|mut results| results.remove(0))
+    };
+    let mut next = inputs.iter().copied();
+    let mut x = array(next.next().expect("activations"));
+    if let Some((attrs, middle)) = &call.depthwise {
+        let w = array(next.next().expect("depthwise weights"));
+        x = eval(Op::Conv2d(attrs.clone()), middle, &[&x, &w])?;
+    }
+    let w = array(next.next().expect("weights"));
+    let mut y = eval(Op::Conv2d(call.conv.clone()), out_ty, &[&x, &w])?;
+    if call.bias {
+        let bias = array(next.next().expect("bias"));
+        y = eval(Op::Binary(BinaryOp::Add), out_ty, &[&y, &bias])?;
+    }
+    if call.relu {
+        y = eval(Op::Unary(UnaryOp::Relu), out_ty, &[&y])?;
+    }
+    Ok(y)
 }

@@ -214,3 +214,74 @@ fn non_finite_inputs_propagate_as_in_the_reference() {
         check(&graph, &inputs, 36, &format!("non-finite {layout}"));
     }
 }
+
+/// A program text with its inputs, and the sum length bounding each output's rounding.
+fn structured_programs() -> Vec<(String, usize)> {
+    let dsc = |layout: &str, x: &str, stride: &str, bias: &str, relu: bool| {
+        let (c, cout) = (8, 12);
+        let mut text = format!(
+            "%x = input() name=\"x\" : f32{x}\n\
+             %wd = input() name=\"wd\" : f32[{c}, 1, 3, 3]\n\
+             %wp = input() name=\"wp\" : f32[{cout}, {c}, 1, 1]\n\
+             %d = conv2d(%x, %wd) layout={layout} stride={stride} padding=[1, 1, 1, 1] dilation=[1, 1] groups={c}\n\
+             %p = conv2d(%d, %wp) layout={layout} stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n"
+        );
+        let mut last = "%p";
+        if !bias.is_empty() {
+            text += &format!("%b = input() name=\"b\" : f32{bias}\n%s = add(%b, %p)\n");
+            last = "%s";
+        }
+        if relu {
+            text += &format!("%r = relu({last})\n");
+            last = "%r";
+        }
+        text += &format!("output \"y\" = {last}\n");
+        (text, c * 9 + c + 1)
+    };
+    let conv = |layout: &str, x: &str, w: &str, groups: usize, bias: &str, terms: usize| {
+        (
+            format!(
+                "%x = input() name=\"x\" : f32{x}\n\
+                 %w = input() name=\"w\" : f32{w}\n\
+                 %b = input() name=\"b\" : f32{bias}\n\
+                 %c = conv2d(%x, %w) layout={layout} stride=[2, 1] padding=[1, 0, 1, 1] dilation=[1, 1] groups={groups}\n\
+                 %s = add(%c, %b)\n%y = relu(%s)\noutput \"y\" = %y\n"
+            ),
+            terms + 1,
+        )
+    };
+    vec![
+        dsc("nchw", "[2, 8, 13, 11]", "[1, 1]", "[12, 1, 1]", true),
+        dsc("nchw", "[2, 8, 13, 11]", "[2, 2]", "", false),
+        dsc("nchw", "[1, 8, 40, 23]", "[1, 1]", "[1, 12, 1, 1]", false),
+        dsc("nhwc", "[2, 13, 11, 8]", "[1, 1]", "[12]", true),
+        dsc("nhwc", "[1, 9, 9, 8]", "[2, 1]", "", true),
+        conv("nchw", "[2, 6, 9, 10]", "[4, 3, 3, 3]", 2, "[4, 1, 1]", 27),
+        conv("nhwc", "[2, 9, 10, 6]", "[5, 6, 3, 3]", 1, "[5]", 54),
+    ]
+}
+
+#[test]
+fn structured_convolutions_match_the_reference() {
+    for (k, (text, terms)) in structured_programs().into_iter().enumerate() {
+        let graph = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let exe = build(&graph, Numerics::Fast);
+        let structured = exe
+            .program
+            .steps
+            .iter()
+            .filter(|s| matches!(s, kfuse_kernel::Step::Structured { .. }))
+            .count();
+        assert_eq!(
+            structured, 1,
+            "program {k} is one structured kernel:\n{text}"
+        );
+        assert_eq!(
+            exe.program.steps.len(),
+            1,
+            "program {k}: nothing else\n{text}"
+        );
+        let inputs = random_inputs(&graph, 1000 + k as u64);
+        check(&graph, &inputs, terms, &format!("structured program {k}"));
+    }
+}

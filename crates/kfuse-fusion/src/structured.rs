@@ -1,0 +1,245 @@
+//! Structured kernels: a convolution together with the neighbours a library routine can absorb.
+//!
+//! ```text
+//! %d = conv2d(%x, %wd) groups=C          (depthwise)      one kernel:
+//! %p = conv2d(%d, %wp)                   (1×1 pointwise)   depthwise tile -> pointwise GEMM
+//! %b = add(%p, %bias)                    (per channel)     -> bias -> relu, per output tile
+//! %y = relu(%b)
+//! ```
+//!
+//! Before: up to four kernels, with the depthwise output (as large as the input) and the
+//! convolution's output written to memory and read back. After: one kernel that never stores
+//! the depthwise output and applies the epilogue while each output tile is in cache. Each
+//! absorption requires the absorbed value to have exactly one user and not be a graph output;
+//! when a neighbour is not absorbed the reason is recorded.
+
+use std::collections::BTreeMap;
+
+use kfuse_ir::{BinaryOp, Graph, Layout, NodeId, Op, UnaryOp, Value};
+
+/// A convolution with the neighbours it absorbs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvGroup {
+    /// A depthwise convolution whose only user is `conv`, a 1×1 convolution: a
+    /// depthwise-separable block.
+    pub depthwise: Option<NodeId>,
+    /// The convolution.
+    pub conv: NodeId,
+    /// `add(conv, bias)` with one bias value per output channel.
+    pub bias_add: Option<NodeId>,
+    /// The bias operand of `bias_add`.
+    pub bias: Option<Value>,
+    /// `relu` of the previous result.
+    pub relu: Option<NodeId>,
+}
+
+impl ConvGroup {
+    /// The nodes of the group in order.
+    pub fn nodes(&self) -> Vec<NodeId> {
+        self.depthwise
+            .into_iter()
+            .chain([self.conv])
+            .chain(self.bias_add)
+            .chain(self.relu)
+            .collect()
+    }
+
+    /// The node whose result the group writes.
+    pub fn last(&self) -> NodeId {
+        self.relu.or(self.bias_add).unwrap_or(self.conv)
+    }
+
+    /// Why the group's result is stored by one kernel: what it absorbed, and how.
+    pub fn reason(&self, graph: &Graph) -> String {
+        let name = |n: NodeId| format!("{} %{}", graph.node(n).op.name(), n.0);
+        let mut parts = Vec::new();
+        if let Some(d) = self.depthwise {
+            parts.push(format!(
+                "depthwise {} consumed tile by tile, never stored",
+                name(d)
+            ));
+        }
+        let epilogue: Vec<String> = self
+            .bias_add
+            .into_iter()
+            .chain(self.relu)
+            .map(name)
+            .collect();
+        if !epilogue.is_empty() {
+            parts.push(format!(
+                "{} applied to each output tile",
+                epilogue.join(" + ")
+            ));
+        }
+        format!(
+            "written by conv2d %{} with {}",
+            self.conv.0,
+            parts.join("; ")
+        )
+    }
+
+    /// Whether the group absorbs anything beyond the convolution.
+    pub fn absorbs(&self) -> bool {
+        self.depthwise.is_some() || self.bias_add.is_some() || self.relu.is_some()
+    }
+}
+
+/// Users of each value (and one more for being a graph output).
+fn use_counts(graph: &Graph) -> BTreeMap<Value, Vec<NodeId>> {
+    let mut users: BTreeMap<Value, Vec<NodeId>> = BTreeMap::new();
+    for id in graph.node_ids() {
+        for v in &graph.node(id).operands {
+            users.entry(*v).or_default().push(id);
+        }
+    }
+    users
+}
+
+fn value(node: NodeId) -> Value {
+    Value { node, result: 0 }
+}
+
+/// Why `v`'s only user cannot absorb it, if so: it has other users or is a graph output.
+fn single_use(
+    graph: &Graph,
+    users: &BTreeMap<Value, Vec<NodeId>>,
+    v: Value,
+) -> Result<NodeId, String> {
+    if graph.outputs().iter().any(|o| o.value == v) {
+        return Err("it is a graph output".into());
+    }
+    match users.get(&v).map(|u| u.as_slice()) {
+        Some([only]) => Ok(*only),
+        Some(many) => Err(format!("it has {} users", many.len())),
+        None => Err("it has no users".into()),
+    }
+}
+
+/// Whether a conv2d node is depthwise: one filter per input channel, one output per channel.
+fn is_depthwise(graph: &Graph, id: NodeId) -> bool {
+    let node = graph.node(id);
+    let Op::Conv2d(attrs) = &node.op else {
+        return false;
+    };
+    let x = &graph.ty(node.operands[0]).shape;
+    let w = &graph.ty(node.operands[1]).shape;
+    let channels = match attrs.layout {
+        Layout::Nchw => x.dims()[1],
+        Layout::Nhwc => x.dims()[3],
+    };
+    attrs.groups == channels && w.dims()[0] == channels && w.dims()[1] == 1
+}
+
+/// Whether a conv2d node is a plain 1×1 convolution.
+fn is_pointwise(graph: &Graph, id: NodeId) -> bool {
+    let node = graph.node(id);
+    let Op::Conv2d(attrs) = &node.op else {
+        return false;
+    };
+    let w = &graph.ty(node.operands[1]).shape;
+    w.dims()[2] == 1
+        && w.dims()[3] == 1
+        && attrs.groups == 1
+        && attrs.stride == [1, 1]
+        && attrs.padding == [0; 4]
+}
+
+/// Whether `bias` adds one value per channel to `conv`'s output without changing its shape.
+fn is_channel_bias(graph: &Graph, conv: NodeId, bias: Value) -> bool {
+    let Op::Conv2d(attrs) = &graph.node(conv).op else {
+        return false;
+    };
+    let out = &graph.node(conv).types[0];
+    let b = graph.ty(bias);
+    if b.dtype != out.dtype || b.shape.rank() > 4 {
+        return false;
+    }
+    let channel_axis = match attrs.layout {
+        Layout::Nchw => 1,
+        Layout::Nhwc => 3,
+    };
+    let skip = 4 - b.shape.rank();
+    b.shape.dims().iter().enumerate().all(|(i, &d)| {
+        let axis = i + skip;
+        if axis == channel_axis {
+            d == out.shape.dims()[axis]
+        } else {
+            d == 1
+        }
+    }) && b.shape.rank() + channel_axis >= 4
+}
+
+/// Finds every convolution group in `graph`; notes say what a convolution could not absorb.
+pub fn conv_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<ConvGroup> {
+    let users = use_counts(graph);
+    let mut groups = Vec::new();
+    let mut taken: Vec<NodeId> = Vec::new();
+    for id in graph.node_ids() {
+        if !matches!(graph.node(id).op, Op::Conv2d(_)) || taken.contains(&id) {
+            continue;
+        }
+        // A depthwise conv is absorbed by its pointwise user, so it is handled from there.
+        if is_depthwise(graph, id) {
+            if let Ok(user) = single_use(graph, &users, value(id)) {
+                if is_pointwise(graph, user) && graph.node(user).operands[0] == value(id) {
+                    continue;
+                }
+            }
+        }
+        let mut group = ConvGroup {
+            depthwise: None,
+            conv: id,
+            bias_add: None,
+            bias: None,
+            relu: None,
+        };
+        let input = graph.node(id).operands[0];
+        if is_pointwise(graph, id) && is_depthwise(graph, input.node) && input.result == 0 {
+            match single_use(graph, &users, input) {
+                Ok(_) => group.depthwise = Some(input.node),
+                Err(why) => notes.push(format!(
+                    "depthwise %{} stays a kernel of its own before pointwise %{}: {why}",
+                    input.node.0, id.0
+                )),
+            }
+        }
+        let mut last = id;
+        match single_use(graph, &users, value(last)) {
+            Ok(user) => {
+                let node = graph.node(user);
+                if let Op::Binary(BinaryOp::Add) = node.op {
+                    let other = if node.operands[0] == value(last) {
+                        node.operands[1]
+                    } else {
+                        node.operands[0]
+                    };
+                    if other != value(last) && is_channel_bias(graph, id, other) {
+                        group.bias_add = Some(user);
+                        group.bias = Some(other);
+                        last = user;
+                    } else {
+                        notes.push(format!(
+                            "conv2d %{} keeps add %{} in a separate kernel: the other operand is \
+                             not one value per output channel",
+                            id.0, user.0
+                        ));
+                    }
+                }
+            }
+            Err(why) => notes.push(format!(
+                "conv2d %{} keeps its epilogue in a separate kernel: {why}",
+                id.0
+            )),
+        }
+        if let Ok(user) = single_use(graph, &users, value(last)) {
+            if graph.node(user).op == Op::Unary(UnaryOp::Relu) {
+                group.relu = Some(user);
+            }
+        }
+        if group.absorbs() {
+            taken.extend(group.nodes());
+            groups.push(group);
+        }
+    }
+    groups
+}
