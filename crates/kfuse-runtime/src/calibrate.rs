@@ -38,6 +38,7 @@ fn time_program(program: &str, n: usize, cache_dir: &Path, runs: usize) -> Resul
         numerics: Numerics::Fast,
         backend: Backend::Auto,
         cache_dir: cache_dir.to_path_buf(),
+        graph_passes: true,
     };
     let exe =
         compile_with(&graph, &options, &FixedCostModel::default()).map_err(|e| e.to_string())?;

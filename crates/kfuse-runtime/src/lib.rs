@@ -25,6 +25,9 @@ use kfuse_kernel::{lower, LowerError, Program, Step};
 pub enum RunError {
     #[error(transparent)]
     Lower(#[from] LowerError),
+    /// A graph pass failed (a bug in the pass: the graph it built is invalid).
+    #[error("{0}")]
+    Pass(String),
     /// An input was missing, unknown or of the wrong type (same checks as the interpreter).
     #[error(transparent)]
     Input(InterpError),
@@ -54,6 +57,9 @@ pub struct Options {
     pub numerics: Numerics,
     pub backend: Backend,
     pub cache_dir: std::path::PathBuf,
+    /// Run the graph passes (`kfuse_opt`) before partitioning. Tests of code generation turn
+    /// them off so that constant folding does not take work away from the kernels under test.
+    pub graph_passes: bool,
 }
 
 impl Default for Options {
@@ -63,6 +69,7 @@ impl Default for Options {
             numerics: Numerics::Fast,
             backend: Backend::Auto,
             cache_dir: kfuse_cpu::default_cache_dir(),
+            graph_passes: true,
         }
     }
 }
@@ -91,6 +98,10 @@ impl Tier {
 /// A compiled graph.
 #[derive(Clone, Debug)]
 pub struct Executable {
+    /// The graph after the passes; the partition's node ids refer to it.
+    pub graph: Graph,
+    /// What the graph passes did, one line per rewrite.
+    pub passes: Vec<String>,
     pub partition: Partition,
     pub program: Program,
     /// One entry per step: the tier of a kernel step, `None` for library steps.
@@ -123,6 +134,25 @@ pub fn compile_with(
     cost: &dyn CostModel,
 ) -> Result<Executable, RunError> {
     let start = std::time::Instant::now();
+    // Graph passes: exact ones always, folding that rounds differently only in fast numerics.
+    let pipeline = match options.numerics {
+        _ if !options.graph_passes => kfuse_opt::Pipeline::new(Vec::new()),
+        Numerics::Strict => kfuse_opt::Pipeline::strict(),
+        Numerics::Fast => kfuse_opt::Pipeline::fast(),
+    };
+    let (optimized, trail) = pipeline
+        .run(graph)
+        .map_err(|e| RunError::Pass(e.to_string()))?;
+    let passes: Vec<String> = trail
+        .into_iter()
+        .flat_map(|(name, _, report)| {
+            report
+                .notes
+                .into_iter()
+                .map(move |n| format!("{name}: {n}"))
+        })
+        .collect();
+    let graph = &optimized;
     let partition = partition(graph, options.policy, cost);
     let program = lower(graph, &partition)?;
     let compiler = match options.backend {
@@ -173,6 +203,8 @@ pub fn compile_with(
         program.steps.iter().map(tier_of).collect()
     };
     Ok(Executable {
+        graph: optimized.clone(),
+        passes,
         partition,
         program,
         tiers,

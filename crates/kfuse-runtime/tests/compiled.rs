@@ -21,13 +21,27 @@ fn build(graph: &Graph, numerics: Numerics) -> Executable {
     build_in(graph, numerics, &cache_dir())
 }
 
-/// As [`build`], with the compile cache in `dir`.
+/// As [`build`], with the compile cache in `dir`. The graph passes are off: these tests are
+/// about the kernels, and constant folding would take work away from them.
 fn build_in(graph: &Graph, numerics: Numerics, dir: &std::path::Path) -> Executable {
     let options = Options {
         policy: FusePolicy::Cost,
         numerics,
         backend: Backend::Auto,
         cache_dir: dir.to_path_buf(),
+        graph_passes: false,
+    };
+    compile_with(graph, &options, &FixedCostModel::default()).expect("compiles")
+}
+
+/// As [`build`], with the graph passes on.
+fn build_optimized(graph: &Graph, numerics: Numerics) -> Executable {
+    let options = Options {
+        policy: FusePolicy::Cost,
+        numerics,
+        backend: Backend::Auto,
+        cache_dir: cache_dir(),
+        graph_passes: true,
     };
     compile_with(graph, &options, &FixedCostModel::default()).expect("compiles")
 }
@@ -367,6 +381,7 @@ fn reductions_are_bit_exact_in_strict_mode() {
 #[test]
 fn random_graphs_are_bit_exact_in_strict_mode() {
     let mut compiled_kernels = 0;
+    let mut folded = 0;
     for seed in 0..40u64 {
         let mut rng = Rng::new(seed + 5000);
         let mut gen = GraphGen::new(&mut rng);
@@ -385,7 +400,12 @@ fn random_graphs_are_bit_exact_in_strict_mode() {
             .filter(|t| matches!(t, Tier::Compiled { .. }))
             .count();
         assert_same_as_reference(seed, &graph, &inputs, &exe);
+        // The strict graph passes (constant folding, dead code) keep every bit too.
+        let optimized = build_optimized(&graph, Numerics::Strict);
+        folded += optimized.passes.len();
+        assert_same_as_reference(seed, &graph, &inputs, &optimized);
     }
+    assert!(folded > 0, "the strict passes never changed a random graph");
     assert!(
         compiled_kernels > 40,
         "only {compiled_kernels} kernels compiled"
@@ -625,8 +645,13 @@ fn random_executables(
             gen.allow_custom = false;
             setup(&mut gen);
             let graph = gen.generate(2, 12);
-            let exe = kfuse_runtime::compile(&graph, FusePolicy::Cost, &FixedCostModel::default())
-                .unwrap();
+            let options = Options {
+                numerics: Numerics::Strict,
+                backend: Backend::Tile,
+                graph_passes: false,
+                ..Options::default()
+            };
+            let exe = compile_with(&graph, &options, &FixedCostModel::default()).unwrap();
             (seed, graph, exe)
         })
         .collect()

@@ -17,6 +17,7 @@ fn build(graph: &Graph, numerics: Numerics) -> Executable {
         numerics,
         backend: Backend::Auto,
         cache_dir: std::env::temp_dir().join(format!("kfuse-structured-{}", std::process::id())),
+        graph_passes: true,
     };
     compile_with(graph, &options, &FixedCostModel::default()).expect("compiles")
 }

@@ -11,6 +11,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("kfuse-math", &[]),
     ("kfuse-interp", &["kfuse-ir", "kfuse-math"]),
     ("kfuse-npy", &["kfuse-ir"]),
+    ("kfuse-opt", &["kfuse-ir", "kfuse-interp"]),
     ("kfuse-fusion", &["kfuse-ir"]),
     ("kfuse-kernel", &["kfuse-ir", "kfuse-fusion"]),
     ("kfuse-cpu", &["kfuse-ir", "kfuse-interp", "kfuse-kernel"]),
@@ -19,6 +20,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "kfuse-ir",
             "kfuse-interp",
+            "kfuse-opt",
             "kfuse-fusion",
             "kfuse-kernel",
             "kfuse-cpu",

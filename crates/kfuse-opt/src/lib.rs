@@ -1,0 +1,236 @@
+//! kfuse graph passes.
+//!
+//! A [`Pass`] maps a graph to a graph and says what it did. A [`Pipeline`] runs passes in a
+//! fixed order, verifying the graph after each in debug builds. The passes:
+//!
+//! - [`ConstantFold`]: nodes whose operands are all constants become constants, evaluated by the
+//!   reference interpreter (so folding never changes a result);
+//! - [`FoldAffine`]: inference folding. A per-channel affine chain after a convolution or matmul
+//!   with constant weights (batchnorm, a bias, a scale) is folded into the weights and one bias
+//!   add. This rounds differently from the original, so it belongs to fast numerics only;
+//! - [`DeadCode`]: nodes no output depends on are dropped.
+//!
+//! [`freeze`] turns named inputs into constants (model weights known at compile time), which
+//! is what lets the folding passes see them.
+
+mod fold_affine;
+mod rewrite;
+
+use kfuse_ir::{Array, Graph, IrError, Op};
+
+pub use fold_affine::FoldAffine;
+
+/// Errors from passes: a rewrite produced an ill-typed graph (a bug), or a request was bad.
+#[derive(Debug, thiserror::Error)]
+pub enum OptError {
+    /// A pass built a graph the IR rejects.
+    #[error("pass {pass} produced an invalid graph: {error}")]
+    Invalid { pass: &'static str, error: IrError },
+    /// Freezing named an input the graph lacks, or gave the wrong type.
+    #[error("{0}")]
+    Freeze(String),
+}
+
+/// What a pass did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PassReport {
+    /// One line per rewrite, naming the nodes involved.
+    pub notes: Vec<String>,
+}
+
+/// A graph-to-graph transformation.
+pub trait Pass {
+    /// The pass's name, as in dumps and reports.
+    fn name(&self) -> &'static str;
+    /// The rewritten graph, or `None` if nothing changed.
+    fn run(&self, graph: &Graph, report: &mut PassReport) -> Result<Option<Graph>, OptError>;
+}
+
+/// Passes in a fixed order.
+pub struct Pipeline {
+    passes: Vec<Box<dyn Pass>>,
+}
+
+impl Pipeline {
+    /// A pipeline of `passes`, run in this order.
+    pub fn new(passes: Vec<Box<dyn Pass>>) -> Pipeline {
+        Pipeline { passes }
+    }
+
+    /// The passes for strict numerics: only rewrites that keep every result bit for bit.
+    pub fn strict() -> Pipeline {
+        Pipeline::new(vec![Box::new(ConstantFold::default()), Box::new(DeadCode)])
+    }
+
+    /// The passes for fast numerics: constant folding, then affine folding into convolutions
+    /// and matmuls (after constant folding has computed `sqrt(var + eps)` and the like), then
+    /// dead code.
+    pub fn fast() -> Pipeline {
+        Pipeline::new(vec![
+            Box::new(ConstantFold::default()),
+            Box::new(FoldAffine),
+            Box::new(DeadCode),
+        ])
+    }
+
+    /// Runs every pass; returns the final graph and, per pass, its name, the graph after it (if
+    /// it changed anything) and its report.
+    #[allow(clippy::type_complexity)]
+    pub fn run(
+        &self,
+        graph: &Graph,
+    ) -> Result<(Graph, Vec<(&'static str, Option<Graph>, PassReport)>), OptError> {
+        let mut current = graph.clone();
+        let mut trail = Vec::new();
+        for pass in &self.passes {
+            let mut report = PassReport::default();
+            let changed = pass.run(&current, &mut report)?;
+            if let Some(next) = &changed {
+                if cfg!(debug_assertions) {
+                    next.verify().map_err(|error| OptError::Invalid {
+                        pass: pass.name(),
+                        error,
+                    })?;
+                }
+                current = next.clone();
+            }
+            trail.push((pass.name(), changed, report));
+        }
+        Ok((current, trail))
+    }
+}
+
+/// Constant folding by the reference interpreter, for results up to `max_elems` elements (larger
+/// constants would cost more memory than the work they save).
+pub struct ConstantFold {
+    pub max_elems: usize,
+}
+
+impl Default for ConstantFold {
+    fn default() -> Self {
+        ConstantFold { max_elems: 1 << 22 }
+    }
+}
+
+impl Pass for ConstantFold {
+    fn name(&self) -> &'static str {
+        "constant-fold"
+    }
+
+    fn run(&self, graph: &Graph, report: &mut PassReport) -> Result<Option<Graph>, OptError> {
+        let custom = kfuse_interp::CustomOps::new();
+        rewrite::rebuild(self.name(), graph, |new, id, operands| {
+            let node = graph.node(id);
+            let foldable = !matches!(
+                node.op,
+                Op::Input { .. } | Op::Constant { .. } | Op::Rng { .. } | Op::Custom { .. }
+            ) && node.types.len() == 1
+                && node.types[0].shape.n_elems() <= self.max_elems
+                && !node.operands.is_empty();
+            if !foldable {
+                return Ok(None);
+            }
+            let mut values: Vec<&Array> = Vec::new();
+            for v in operands {
+                match &new.node(v.node).op {
+                    Op::Constant { value } => values.push(value),
+                    _ => return Ok(None),
+                }
+            }
+            // Never grow data: a broadcast of a constant is cheaper computed than read.
+            let largest = values.iter().map(|v| v.n_elems()).max().unwrap_or(0);
+            if node.types[0].shape.n_elems() > largest.max(1) {
+                return Ok(None);
+            }
+            match kfuse_interp::eval_op(&node.op, &node.types, &values, &custom) {
+                Ok(mut results) => {
+                    report
+                        .notes
+                        .push(format!("%{} {} folded to a constant", id.0, node.op.name()));
+                    Ok(Some(Op::Constant {
+                        value: results.remove(0),
+                    }))
+                }
+                // An op that fails on these constants fails at run time too: leave it there.
+                Err(_) => Ok(None),
+            }
+        })
+    }
+}
+
+/// Drops nodes that no output depends on, except inputs and ops that can fail at run time.
+pub struct DeadCode;
+
+impl Pass for DeadCode {
+    fn name(&self) -> &'static str {
+        "dead-code"
+    }
+
+    fn run(&self, graph: &Graph, report: &mut PassReport) -> Result<Option<Graph>, OptError> {
+        // Inputs stay even when unread: they are part of the program's signature. So do ops
+        // that can fail at run time (indexing, custom functions): a program that fails on the
+        // reference interpreter must fail the same way compiled.
+        let mut needed: Vec<bool> = graph
+            .nodes()
+            .iter()
+            .map(|n| {
+                matches!(
+                    n.op,
+                    Op::Input { .. }
+                        | Op::Gather { .. }
+                        | Op::ScatterAdd { .. }
+                        | Op::Custom { .. }
+                )
+            })
+            .collect();
+        for o in graph.outputs() {
+            needed[o.value.node.index()] = true;
+        }
+        for i in (0..needed.len()).rev() {
+            if needed[i] {
+                for v in &graph.nodes()[i].operands {
+                    needed[v.node.index()] = true;
+                }
+            }
+        }
+        let dropped = needed.iter().filter(|n| !**n).count();
+        if dropped == 0 {
+            return Ok(None);
+        }
+        report
+            .notes
+            .push(format!("{dropped} unused node(s) removed"));
+        rewrite::keep(graph, &needed)
+            .map(Some)
+            .map_err(|error| OptError::Invalid {
+                pass: self.name(),
+                error,
+            })
+    }
+}
+
+/// Turns the named inputs into constants holding `values` (weights known at compile time).
+pub fn freeze(graph: &Graph, values: &[(String, Array)]) -> Result<Graph, OptError> {
+    let mut out = graph.clone();
+    for (name, value) in values {
+        let Some((id, _, ty)) = graph.inputs().find(|(_, n, _)| n == name) else {
+            return Err(OptError::Freeze(format!(
+                "the program has no input named `{name}`"
+            )));
+        };
+        if value.ty() != *ty {
+            return Err(OptError::Freeze(format!(
+                "input `{name}` is {ty}, the value given is {}",
+                value.ty()
+            )));
+        }
+        out.nodes_mut()[id.index()].op = Op::Constant {
+            value: value.clone(),
+        };
+    }
+    out.verify().map_err(|error| OptError::Invalid {
+        pass: "freeze",
+        error,
+    })?;
+    Ok(out)
+}
