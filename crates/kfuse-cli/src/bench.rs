@@ -372,6 +372,9 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
     if only.is_empty() || only.iter().any(|o| o == "W5a" || o == "W5b") {
         report["gemm_epilogues"] = gemm_epilogues(&cache, runs, scale, as_json, only)?;
     }
+    if only.is_empty() || only.iter().any(|o| o.starts_with("W6") || o == "W7") {
+        report["convolutions"] = conv_workloads(&cache, runs, quick, as_json, only)?;
+    }
     if only.is_empty() || only.iter().any(|o| o == "cost") {
         report["cost_model_case"] = cost_model_case(&cache, runs, as_json)?;
     }
@@ -476,3 +479,110 @@ fn gemm_epilogues(
     }
     Ok(json!(rows))
 }
+
+/// Median ms of `program` with the named inputs frozen to constants (weights known at compile
+/// time, so the graph passes can fold them) and `policy`.
+fn frozen_ms(
+    program: &str,
+    frozen: &[(String, Array)],
+    policy: kfuse::FusePolicy,
+    cache: &std::path::Path,
+    runs: usize,
+) -> Result<f64> {
+    let graph = kfuse::opt::freeze(&kfuse::parse(program)?, frozen)?;
+    let inputs = inputs_for(&graph)?;
+    let options = kfuse::Options {
+        policy,
+        cache_dir: cache.to_path_buf(),
+        ..kfuse::Options::default()
+    };
+    let exe = kfuse::compile(&graph, &options, &FixedCostModel::default())?;
+    let mut runner = exe.runner();
+    Ok(time(runs, || {
+        runner
+            .run(&inputs, &CustomOps::new())
+            .map(|_| ())
+            .map_err(Into::into)
+    })? * 1e3)
+}
+
+/// W6a (depthwise-separable block, fused and unfused), W6b (the standard 3x3 convolution of the
+/// same shape) and W7 (conv + batchnorm + ReLU against the bare convolution), NCHW f32.
+fn conv_workloads(
+    cache: &std::path::Path,
+    runs: usize,
+    quick: bool,
+    as_json: bool,
+    only: &[String],
+) -> Result<serde_json::Value> {
+    let cx = kfuse::Context::new();
+    cx.set_seed(11);
+    let randn = |dims: &[usize], scale: f32| -> Result<Array> {
+        Ok((cx.randn(kfuse::DType::F32, dims) * f64::from(scale)).to_array()?)
+    };
+    let (n, hw6, hw7) = if quick { (1, 28, 14) } else { (8, 112, 56) };
+    let conv = |x: &str, w: &str, out: &str, groups: usize, pad: usize| {
+        format!("%{out} = conv2d(%{x}, %{w}) layout=nchw stride=[1, 1] padding=[{pad}, {pad}, {pad}, {pad}] dilation=[1, 1] groups={groups}\n")
+    };
+    let input = |name: &str, dims: &[usize]| format!("%{name} = input() name=\"{name}\" : f32{dims:?}\n");
+    let mut rows = Vec::new();
+    let wanted = |id: &str| only.is_empty() || only.iter().any(|o| o == id);
+    if wanted("W6a") || wanted("W6b") {
+        let x = input("x", &[n, 64, hw6, hw6]);
+        let block = x.clone()
+            + &input("wd", &[64, 1, 3, 3])
+            + &input("wp", &[128, 64, 1, 1])
+            + &conv("x", "wd", "d", 64, 1)
+            + &conv("d", "wp", "y", 1, 0)
+            + "output \"y\" = %y\n";
+        let frozen = vec![
+            ("wd".to_string(), randn(&[64, 1, 3, 3], 0.3)?),
+            ("wp".to_string(), randn(&[128, 64, 1, 1], 0.1)?),
+        ];
+        let fused = frozen_ms(&block, &frozen, kfuse::FusePolicy::Cost, cache, runs)?;
+        let unfused = frozen_ms(&block, &frozen, kfuse::FusePolicy::None, cache, runs)?;
+        let standard = x + &input("w", &[128, 64, 3, 3]) + &conv("x", "w", "y", 1, 1) + "output \"y\" = %y\n";
+        let frozen6b = vec![("w".to_string(), randn(&[128, 64, 3, 3], 0.05)?)];
+        let w6b = frozen_ms(&standard, &frozen6b, kfuse::FusePolicy::Cost, cache, runs)?;
+        if !as_json {
+            println!(
+                "W6a: fused {fused:.2} ms, unfused {unfused:.2} ms ({:.2}x); W6b standard 3x3: {w6b:.2} ms ({:.2}x the fused W6a)",
+                unfused / fused,
+                w6b / fused
+            );
+        }
+        rows.push(json!({"id": "W6a", "ms": fused, "unfused_ms": unfused, "speedup": unfused / fused}));
+        rows.push(json!({"id": "W6b", "ms": w6b, "ratio_to_w6a": w6b / fused}));
+    }
+    if wanted("W7") {
+        let c = 64;
+        let base = input("x", &[n, c, hw7, hw7]) + &input("w", &[c, c, 3, 3]) + &conv("x", "w", "c", 1, 1);
+        let bare = base.clone() + "output \"y\" = %c\n";
+        let bn = base
+            + &input("mean", &[c, 1, 1])
+            + &input("var", &[c, 1, 1])
+            + &input("gamma", &[c, 1, 1])
+            + &input("beta", &[c, 1, 1])
+            + "%eps = constant() value=[1e-5] : f32[]\n%n = sub(%c, %mean)\n%ve = add(%var, %eps)\n%sd = sqrt(%ve)\n%q = div(%n, %sd)\n%g = mul(%q, %gamma)\n%b = add(%g, %beta)\n%y = relu(%b)\noutput \"y\" = %y\n";
+        let weights = ("w".to_string(), randn(&[c, c, 3, 3], 0.05)?);
+        let var = (cx.randn(kfuse::DType::F32, &[c, 1, 1]).abs() + 0.5).to_array()?;
+        let frozen = vec![
+            weights.clone(),
+            ("mean".to_string(), randn(&[c, 1, 1], 0.1)?),
+            ("var".to_string(), var),
+            ("gamma".to_string(), randn(&[c, 1, 1], 1.0)?),
+            ("beta".to_string(), randn(&[c, 1, 1], 0.1)?),
+        ];
+        let bare_ms = frozen_ms(&bare, &[weights], kfuse::FusePolicy::Cost, cache, runs)?;
+        let w7 = frozen_ms(&bn, &frozen, kfuse::FusePolicy::Cost, cache, runs)?;
+        if !as_json {
+            println!(
+                "W7: conv + batchnorm + relu {w7:.2} ms, bare conv {bare_ms:.2} ms, ratio {:.3}",
+                w7 / bare_ms
+            );
+        }
+        rows.push(json!({"id": "W7", "ms": w7, "bare_conv_ms": bare_ms, "ratio": w7 / bare_ms}));
+    }
+    Ok(json!(rows))
+}
+

@@ -91,6 +91,14 @@ struct Out<T>(*mut T);
 unsafe impl<T> Send for Out<T> {}
 unsafe impl<T> Sync for Out<T> {}
 
+impl<T> Out<T> {
+    /// The pointer. A method, so that closures capture the whole (`Sync`) wrapper rather than
+    /// its raw-pointer field.
+    fn ptr(self) -> *mut T {
+        self.0
+    }
+}
+
 /// `dst[m×n] (+)= lhs[m×k] @ rhs[k×n]` with arbitrary strides, single-threaded.
 ///
 /// # Safety
@@ -270,6 +278,26 @@ impl Geometry {
         (pos < self.x[2 + axis]).then_some(pos)
     }
 
+    /// Elements between horizontally adjacent input pixels.
+    fn column_stride(&self) -> usize {
+        match self.layout {
+            Layout::Nchw => 1,
+            Layout::Nhwc => self.x[1],
+        }
+    }
+
+    /// For kernel column `j`: the output columns `lo..hi` whose tap lies inside the input row,
+    /// and the input column read by output column `lo`.
+    fn valid_columns(&self, j: usize) -> (usize, usize, usize) {
+        let (s, pl, shift) = (self.stride[1], self.pad[1], j * self.dilation[1]);
+        let lo = pl.saturating_sub(shift).div_ceil(s);
+        let hi = (self.x[3] + pl).saturating_sub(shift).div_ceil(s).min(self.y[3]);
+        if lo >= hi {
+            return (0, 0, 0);
+        }
+        (lo, hi, lo * s + shift - pl)
+    }
+
     fn x_offset(&self, n: usize, c: usize, h: usize, w: usize) -> usize {
         let [_, cs, hs, ws] = self.x;
         match self.layout {
@@ -335,7 +363,6 @@ fn im2col_gemm<T: Real>(
         } else {
             vec![T::ZERO; k * p]
         };
-        let out = out;
         for group in 0..g.groups {
             // Columns (NCHW: K x P) or rows (NHWC: P x K) of the patches, k = (c, i, j).
             let (cols, cols_rs, cols_cs): (*const T, usize, usize) = if pointwise {
@@ -353,15 +380,21 @@ fn im2col_gemm<T: Real>(
                         for j in 0..g.kw {
                             let kk = (c * g.kh + i) * g.kw + j;
                             for r in r0..r1 {
-                                let h = g.tap(0, r, i);
-                                for o in 0..ow {
-                                    let v = match (h, g.tap(1, o, j)) {
-                                        (Some(h), Some(wp)) => {
-                                            xs[g.x_offset(n, group * cg + c, h, wp)]
-                                        }
-                                        _ => T::ZERO,
-                                    };
-                                    col[kk * p + (r - r0) * ow + o] = v;
+                                let dst = &mut col[kk * p + (r - r0) * ow..][..ow];
+                                let Some(h) = g.tap(0, r, i) else {
+                                    dst.fill(T::ZERO);
+                                    continue;
+                                };
+                                // Output columns whose tap lands inside the row; zeros outside.
+                                let (lo, hi, first) = g.valid_columns(j);
+                                dst[..lo].fill(T::ZERO);
+                                dst[hi..].fill(T::ZERO);
+                                if lo < hi {
+                                    let base = g.x_offset(n, group * cg + c, h, first);
+                                    let step = g.stride[1] * g.column_stride();
+                                    for (o, d) in dst[lo..hi].iter_mut().enumerate() {
+                                        *d = xs[base + o * step];
+                                    }
                                 }
                             }
                         }
@@ -375,7 +408,7 @@ fn im2col_gemm<T: Real>(
             unsafe {
                 match g.layout {
                     Layout::Nchw => {
-                        let dst = out.0.add(((n * c_out + group * og) * oh + r0) * ow);
+                        let dst = out.ptr().add(((n * c_out + group * og) * oh + r0) * ow);
                         gemm_into(
                             og,
                             p,
@@ -392,7 +425,7 @@ fn im2col_gemm<T: Real>(
                         );
                     }
                     Layout::Nhwc => {
-                        let dst = out.0.add((n * oh + r0) * ow * c_out + group * og);
+                        let dst = out.ptr().add((n * oh + r0) * ow * c_out + group * og);
                         // Patches as rows: P x K with k contiguous (or channel-strided).
                         let (lhs_rs, lhs_cs) = (cols_cs, cols_rs);
                         gemm_into(p, og, k, dst, c_out, 1, cols, lhs_rs, lhs_cs, w_group, 1, k);
@@ -401,7 +434,7 @@ fn im2col_gemm<T: Real>(
             }
         }
         // SAFETY: as above, this band belongs to this task.
-        unsafe { finish_band(g, out.0, n, r0, r1, bias, do_relu) };
+        unsafe { finish_band(g, out.ptr(), n, r0, r1, bias, do_relu) };
     };
     pool.run(n_images * bands, &job);
 }
@@ -559,13 +592,12 @@ fn depthwise<T: Real>(
     pool.run(n_images * bands, &|task| {
         let (n, band) = (task / bands, task % bands);
         let (r0, r1) = (band * rows, ((band + 1) * rows).min(oh));
-        let out = out;
         match g.layout {
             Layout::Nhwc => {
                 // SAFETY: NHWC rows r0..r1 of image n are contiguous and this task's alone.
                 let dst = unsafe {
                     std::slice::from_raw_parts_mut(
-                        out.0.add((n * oh + r0) * ow * c),
+                        out.ptr().add((n * oh + r0) * ow * c),
                         (r1 - r0) * ow * c,
                     )
                 };
@@ -578,7 +610,7 @@ fn depthwise<T: Real>(
                     // SAFETY: rows r0..r1 of channel ch of image n are this task's alone.
                     let dst = unsafe {
                         std::slice::from_raw_parts_mut(
-                            out.0.add(((n * c + ch) * oh + r0) * ow),
+                            out.ptr().add(((n * c + ch) * oh + r0) * ow),
                             (r1 - r0) * ow,
                         )
                     };
@@ -587,7 +619,7 @@ fn depthwise<T: Real>(
             }
         }
         // SAFETY: as above.
-        unsafe { finish_band(g, out.0, n, r0, r1, bias, do_relu) };
+        unsafe { finish_band(g, out.ptr(), n, r0, r1, bias, do_relu) };
     });
 }
 
@@ -690,7 +722,6 @@ fn separable_typed<T: Real>(
         let (n, band) = (task / bands, task % bands);
         let (r0, r1) = (band * rows, ((band + 1) * rows).min(oh));
         let p = (r1 - r0) * ow;
-        let dst = dst;
         let mut tile = vec![T::ZERO; c * p];
         depthwise_tile(&g, xs, wd, n, r0, r1, &mut tile);
         // SAFETY: the tile is C x P (NCHW) or P x C (NHWC); the destination band belongs to
@@ -698,7 +729,7 @@ fn separable_typed<T: Real>(
         unsafe {
             match g.layout {
                 Layout::Nchw => {
-                    let at = dst.0.add((n * c_out * oh + r0) * ow);
+                    let at = dst.ptr().add((n * c_out * oh + r0) * ow);
                     gemm_into(
                         c_out,
                         p,
@@ -715,7 +746,7 @@ fn separable_typed<T: Real>(
                     );
                 }
                 Layout::Nhwc => {
-                    let at = dst.0.add((n * oh + r0) * ow * c_out);
+                    let at = dst.ptr().add((n * oh + r0) * ow * c_out);
                     gemm_into(
                         p,
                         c_out,
@@ -732,7 +763,7 @@ fn separable_typed<T: Real>(
                     );
                 }
             }
-            finish_band(&out_geometry, dst.0, n, r0, r1, bias, epilogue.relu);
+            finish_band(&out_geometry, dst.ptr(), n, r0, r1, bias, epilogue.relu);
         }
     });
     Ok(())

@@ -30,6 +30,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "kfuse",
         &[
             "kfuse-ir",
+            "kfuse-opt",
             "kfuse-interp",
             "kfuse-npy",
             "kfuse-fusion",

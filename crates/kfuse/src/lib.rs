@@ -38,7 +38,8 @@ pub use kfuse_npy as npy;
 pub use kfuse_runtime::{Backend, Executable, Options, Tier};
 pub use tensor::{cat, where_, Context, Tensor};
 pub use {
-    kfuse_cpu as cpu, kfuse_fusion as fusion, kfuse_kernel as kernel, kfuse_runtime as runtime,
+    kfuse_cpu as cpu, kfuse_fusion as fusion, kfuse_kernel as kernel, kfuse_opt as opt,
+    kfuse_runtime as runtime,
 };
 
 /// Errors of the kfuse API.
