@@ -156,12 +156,12 @@ fn relu<T: Real>(v: T) -> T {
 
 /// Applies the epilogue to channel `channel`'s `values`.
 fn finish<T: Real>(values: &mut [T], bias: Option<&[T]>, channel: usize, do_relu: bool) {
-    if let Some(b) = bias {
-        let b = b[channel];
-        values.iter_mut().for_each(|v| *v = v.add(b));
-    }
-    if do_relu {
-        values.iter_mut().for_each(|v| *v = relu(*v));
+    let b = bias.map_or(T::ZERO, |b| b[channel]);
+    match (bias.is_some(), do_relu) {
+        (true, true) => values.iter_mut().for_each(|v| *v = relu(v.add(b))),
+        (true, false) => values.iter_mut().for_each(|v| *v = v.add(b)),
+        (false, true) => values.iter_mut().for_each(|v| *v = relu(*v)),
+        (false, false) => {}
     }
 }
 
@@ -392,8 +392,14 @@ fn im2col_gemm<T: Real>(
                                 if lo < hi {
                                     let base = g.x_offset(n, group * cg + c, h, first);
                                     let step = g.stride[1] * g.column_stride();
-                                    for (o, d) in dst[lo..hi].iter_mut().enumerate() {
-                                        *d = xs[base + o * step];
+                                    if step == 1 {
+                                        dst[lo..hi].copy_from_slice(&xs[base..base + hi - lo]);
+                                    } else {
+                                        for (d, x) in
+                                            dst[lo..hi].iter_mut().zip(xs[base..].iter().step_by(step))
+                                        {
+                                            *d = *x;
+                                        }
                                     }
                                 }
                             }
