@@ -1,9 +1,11 @@
-"""W1-W4 in peer frameworks and in kfuse, measured in one run on one machine.
+"""W1-W7 in peer frameworks and in kfuse, measured in one run on one machine.
 
     python tools/bench_peers.py [--kfuse target/release/kfuse] [--runs 10]
 
-Peers: numpy (eager), jax.jit, onnxruntime (the models use ORT's fused Softmax and
-LayerNormalization ops where ONNX has them). Every framework is limited to two threads. Prints a
+Peers: numpy (eager; W1-W5), jax.jit, onnxruntime (the models use ORT's fused Softmax,
+LayerNormalization and BatchNormalization ops where ONNX has them, and give weights as
+initializers so ORT can fold and fuse them). torch is not among them: its PyPI wheel pulls in
+gigabytes of CUDA libraries. Every framework is limited to two threads. Prints a
 Markdown table of median milliseconds and writes the raw numbers as JSON to stdout's last line.
 Needs `pip install numpy onnx onnxruntime "jax[cpu]"` in an environment of its own; kfuse's build
 and tests never need any of this.
@@ -28,6 +30,11 @@ SOFTMAX = (4096, 4096)
 LAYERNORM = (8192, 1024)
 
 
+DENSE = (1024, 1024, 4096)  # W5: M, K, N
+DSC = (8, 64, 112, 112, 128)  # W6: N, C, H, W, C_out
+CBR = (8, 64, 56, 56)  # W7: N, C, H, W
+
+
 def median_ms(f, runs):
     f()
     times = []
@@ -47,7 +54,29 @@ def data():
         "l": rng.standard_normal(LAYERNORM, dtype=np.float32),
         "g": rng.standard_normal(LAYERNORM[1], dtype=np.float32),
         "b": rng.standard_normal(LAYERNORM[1], dtype=np.float32),
+        # W5: dense layers.
+        "dx": rng.standard_normal(DENSE[:2], dtype=np.float32),
+        "dw1": rng.standard_normal(DENSE[1:], dtype=np.float32) * 0.03,
+        "db1": rng.standard_normal(DENSE[2], dtype=np.float32),
+        "dw2": rng.standard_normal(DENSE[2:0:-1], dtype=np.float32) * 0.015,
+        "db2": rng.standard_normal(DENSE[1], dtype=np.float32),
+        # W6: depthwise-separable block and the standard convolution.
+        "cx": rng.standard_normal(DSC[:4], dtype=np.float32),
+        "wd": rng.standard_normal((DSC[1], 1, 3, 3), dtype=np.float32) * 0.3,
+        "wp": rng.standard_normal((DSC[4], DSC[1], 1, 1), dtype=np.float32) * 0.1,
+        "w6": rng.standard_normal((DSC[4], DSC[1], 3, 3), dtype=np.float32) * 0.05,
+        # W7: conv + batchnorm + relu.
+        "bx": rng.standard_normal(CBR, dtype=np.float32),
+        "bw": rng.standard_normal((CBR[1], CBR[1], 3, 3), dtype=np.float32) * 0.05,
+        "mean": rng.standard_normal(CBR[1], dtype=np.float32) * 0.1,
+        "var": np.abs(rng.standard_normal(CBR[1], dtype=np.float32)) + 0.5,
+        "gamma": rng.standard_normal(CBR[1], dtype=np.float32),
+        "beta": rng.standard_normal(CBR[1], dtype=np.float32) * 0.1,
     }
+
+
+def gelu_tanh(np_or_jnp, x):
+    return 0.5 * x * (1 + np_or_jnp.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
 
 
 def numpy_suite(d):
@@ -67,6 +96,8 @@ def numpy_suite(d):
         "W3": lambda: (lambda t: (t + 0.25, t - 0.75))(d["x"] * d["y"]),
         "W4a": lambda: softmax(d["s"]),
         "W4b": lambda: layernorm(d["l"], d["g"], d["b"]),
+        "W5a": lambda: np.maximum(d["dx"] @ d["dw1"] + d["db1"], 0),
+        "W5b": lambda: gelu_tanh(np, d["dx"] @ d["dw1"] + d["db1"]) @ d["dw2"] + d["db2"],
     }
 
 
@@ -88,6 +119,22 @@ def jax_suite(d):
 
     w4b = jax.jit(ln)
     ready = jax.block_until_ready
+    dx, dw1, db1, dw2, db2 = (jnp.asarray(d[k]) for k in ["dx", "dw1", "db1", "dw2", "db2"])
+    w5a = jax.jit(lambda x, w, b: jnp.maximum(x @ w + b, 0))
+    w5b = jax.jit(lambda x, w1, b1, w2, b2: gelu_tanh(jnp, x @ w1 + b1) @ w2 + b2)
+    conv = jax.lax.conv_general_dilated
+    cx, wd, wp, w6 = (jnp.asarray(d[k]) for k in ["cx", "wd", "wp", "w6"])
+    same = [(1, 1), (1, 1)]
+    w6a = jax.jit(lambda x, wd, wp: conv(conv(x, wd, (1, 1), same, feature_group_count=DSC[1]), wp, (1, 1), "VALID"))
+    w6b = jax.jit(lambda x, w: conv(x, w, (1, 1), same))
+    bx, bw, mean, var, gamma, beta = (jnp.asarray(d[k]) for k in ["bx", "bw", "mean", "var", "gamma", "beta"])
+
+    def cbr(x, w, mean, var, gamma, beta):
+        c = conv(x, w, (1, 1), same)
+        r = lambda v: v[None, :, None, None]
+        return jnp.maximum((c - r(mean)) / jnp.sqrt(r(var) + 1e-5) * r(gamma) + r(beta), 0)
+
+    w7 = jax.jit(cbr)
     return {
         "W1": lambda: ready(w1(x)),
         "W2a": lambda: ready(w2a(x)),
@@ -95,13 +142,18 @@ def jax_suite(d):
         "W3": lambda: ready(w3(x, y)),
         "W4a": lambda: ready(w4a(s)),
         "W4b": lambda: ready(w4b(l, g, b)),
+        "W5a": lambda: ready(w5a(dx, dw1, db1)),
+        "W5b": lambda: ready(w5b(dx, dw1, db1, dw2, db2)),
+        "W6a": lambda: ready(w6a(cx, wd, wp)),
+        "W6b": lambda: ready(w6b(cx, w6)),
+        "W7": lambda: ready(w7(bx, bw, mean, var, gamma, beta)),
     }
 
 
 def ort_suite(d):
     import onnx
     import onnxruntime as ort
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper, numpy_helper
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = int(THREADS)
@@ -118,6 +170,9 @@ def ort_suite(d):
     def c(name, v):
         return helper.make_tensor(name, TensorProto.FLOAT, [], [v])
 
+    def init(name, array):
+        return numpy_helper.from_array(array, name)
+
     flat = [N]
     w1 = session([helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Add", ["e", "one"], ["p"]), helper.make_node("Log", ["p"], ["o"])],
                  [t("x", flat)], [t("o", flat)], [c("one", 1.0)])
@@ -131,7 +186,33 @@ def ort_suite(d):
     w4a = session([helper.make_node("Softmax", ["x"], ["o"], axis=1)], [t("x", list(SOFTMAX))], [t("o", list(SOFTMAX))])
     w4b = session([helper.make_node("LayerNormalization", ["x", "g", "b"], ["o"], axis=-1, epsilon=1e-5)],
                   [t("x", list(LAYERNORM)), t("g", [LAYERNORM[1]]), t("b", [LAYERNORM[1]])], [t("o", list(LAYERNORM))])
+    m, k, n = DENSE
+    w5a = session([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]), helper.make_node("Relu", ["hb"], ["o"])],
+                  [t("x", [m, k])], [t("o", [m, n])], [init("w", d["dw1"]), init("b", d["db1"])])
+    gelu = [helper.make_node("Mul", ["hb", "hb"], ["h2"]), helper.make_node("Mul", ["h2", "hb"], ["h3"]), helper.make_node("Mul", ["h3", "k1"], ["a1"]),
+            helper.make_node("Add", ["hb", "a1"], ["a2"]), helper.make_node("Mul", ["a2", "k2"], ["a3"]), helper.make_node("Tanh", ["a3"], ["th"]),
+            helper.make_node("Add", ["th", "one"], ["t1"]), helper.make_node("Mul", ["t1", "hb"], ["t2"]), helper.make_node("Mul", ["t2", "half"], ["g"])]
+    w5b = session([helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"])] + gelu
+                  + [helper.make_node("MatMul", ["g", "w2"], ["o1"]), helper.make_node("Add", ["o1", "b2"], ["o"])],
+                  [t("x", [m, k])], [t("o", [m, k])],
+                  [init("w1", d["dw1"]), init("b1", d["db1"]), init("w2", d["dw2"]), init("b2", d["db2"]),
+                   c("k1", 0.044715), c("k2", 0.7978845608028654), c("one", 1.0), c("half", 0.5)])
+    nb, ch, hh, ww, cout = DSC
+    w6a = session([helper.make_node("Conv", ["x", "wd"], ["dd"], group=ch, pads=[1, 1, 1, 1]), helper.make_node("Conv", ["dd", "wp"], ["o"])],
+                  [t("x", [nb, ch, hh, ww])], [t("o", [nb, cout, hh, ww])], [init("wd", d["wd"]), init("wp", d["wp"])])
+    w6b = session([helper.make_node("Conv", ["x", "w"], ["o"], pads=[1, 1, 1, 1])],
+                  [t("x", [nb, ch, hh, ww])], [t("o", [nb, cout, hh, ww])], [init("w", d["w6"])])
+    w7 = session([helper.make_node("Conv", ["x", "w"], ["cc"], pads=[1, 1, 1, 1]),
+                  helper.make_node("BatchNormalization", ["cc", "gamma", "beta", "mean", "var"], ["bn"], epsilon=1e-5),
+                  helper.make_node("Relu", ["bn"], ["o"])],
+                 [t("x", list(CBR))], [t("o", list(CBR))],
+                 [init("w", d["bw"]), init("gamma", d["gamma"]), init("beta", d["beta"]), init("mean", d["mean"]), init("var", d["var"])])
     return {
+        "W5a": lambda: w5a.run(None, {"x": d["dx"]}),
+        "W5b": lambda: w5b.run(None, {"x": d["dx"]}),
+        "W6a": lambda: w6a.run(None, {"x": d["cx"]}),
+        "W6b": lambda: w6b.run(None, {"x": d["cx"]}),
+        "W7": lambda: w7.run(None, {"x": d["bx"]}),
         "W1": lambda: w1.run(None, {"x": d["x"]}),
         "W2a": lambda: w2a.run(None, {"x": d["x"]}),
         "W2b": lambda: w2b.run(None, {"x": d["x"]}),
@@ -157,16 +238,19 @@ def main():
         results[name] = {w: median_ms(f, args.runs) for w, f in fns.items()}
         print(f"{name}: done", file=sys.stderr)
     env = dict(os.environ, KFUSE_THREADS=THREADS)
-    out = subprocess.run([args.kfuse, "bench", "--json", "W0", "W1", "W2a", "W2b", "W3", "W4a", "W4b"], capture_output=True, text=True, env=env, check=True)
+    workloads = ["W1", "W2a", "W2b", "W3", "W4a", "W4b", "W5a", "W5b", "W6a", "W6b", "W7"]
+    out = subprocess.run([args.kfuse, "bench", "--json", "W0"] + workloads, capture_output=True, text=True, env=env, check=True)
     report = json.loads(out.stdout)
     results["kfuse"] = {w["id"]: w["fused_ms"] for w in report["workloads"]}
-    workloads = ["W1", "W2a", "W2b", "W3", "W4a", "W4b"]
+    for w in report.get("gemm_epilogues", []) + report.get("convolutions", []):
+        results["kfuse"][w["id"]] = w["ms"]
     peers = [p for p in results if p != "kfuse"]
     print("| workload | kfuse | " + " | ".join(peers) + " | best peer | best peer time / kfuse time |")
     print("|---|---|" + "---|" * len(peers) + "---|---|")
     for w in workloads:
-        best = min(peers, key=lambda p: results[p][w]) if peers else None
-        cells = [f"{results[p][w]:.2f}" for p in peers]
+        have = [p for p in peers if w in results[p]]
+        best = min(have, key=lambda p: results[p][w]) if have else None
+        cells = [f"{results[p][w]:.2f}" if w in results[p] else "-" for p in peers]
         ratio = f"{results[best][w] / results['kfuse'][w]:.2f}" if best else "-"
         print(f"| {w} | {results['kfuse'][w]:.2f} | " + " | ".join(cells) + f" | {best} | {ratio} |")
     print(json.dumps({"median_ms": results, "kfuse_report": report}))

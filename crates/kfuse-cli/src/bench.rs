@@ -524,7 +524,8 @@ fn conv_workloads(
     let conv = |x: &str, w: &str, out: &str, groups: usize, pad: usize| {
         format!("%{out} = conv2d(%{x}, %{w}) layout=nchw stride=[1, 1] padding=[{pad}, {pad}, {pad}, {pad}] dilation=[1, 1] groups={groups}\n")
     };
-    let input = |name: &str, dims: &[usize]| format!("%{name} = input() name=\"{name}\" : f32{dims:?}\n");
+    let input =
+        |name: &str, dims: &[usize]| format!("%{name} = input() name=\"{name}\" : f32{dims:?}\n");
     let mut rows = Vec::new();
     let wanted = |id: &str| only.is_empty() || only.iter().any(|o| o == id);
     if wanted("W6a") || wanted("W6b") {
@@ -541,7 +542,8 @@ fn conv_workloads(
         ];
         let fused = frozen_ms(&block, &frozen, kfuse::FusePolicy::Cost, cache, runs)?;
         let unfused = frozen_ms(&block, &frozen, kfuse::FusePolicy::None, cache, runs)?;
-        let standard = x + &input("w", &[128, 64, 3, 3]) + &conv("x", "w", "y", 1, 1) + "output \"y\" = %y\n";
+        let standard =
+            x + &input("w", &[128, 64, 3, 3]) + &conv("x", "w", "y", 1, 1) + "output \"y\" = %y\n";
         let frozen6b = vec![("w".to_string(), randn(&[128, 64, 3, 3], 0.05)?)];
         let w6b = frozen_ms(&standard, &frozen6b, kfuse::FusePolicy::Cost, cache, runs)?;
         if !as_json {
@@ -551,12 +553,15 @@ fn conv_workloads(
                 w6b / fused
             );
         }
-        rows.push(json!({"id": "W6a", "ms": fused, "unfused_ms": unfused, "speedup": unfused / fused}));
+        rows.push(
+            json!({"id": "W6a", "ms": fused, "unfused_ms": unfused, "speedup": unfused / fused}),
+        );
         rows.push(json!({"id": "W6b", "ms": w6b, "ratio_to_w6a": w6b / fused}));
     }
     if wanted("W7") {
         let c = 64;
-        let base = input("x", &[n, c, hw7, hw7]) + &input("w", &[c, c, 3, 3]) + &conv("x", "w", "c", 1, 1);
+        let base =
+            input("x", &[n, c, hw7, hw7]) + &input("w", &[c, c, 3, 3]) + &conv("x", "w", "c", 1, 1);
         let bare = base.clone() + "output \"y\" = %c\n";
         let bn = base
             + &input("mean", &[c, 1, 1])
@@ -585,4 +590,3 @@ fn conv_workloads(
     }
     Ok(json!(rows))
 }
-

@@ -64,13 +64,21 @@ fn mb(bytes: usize) -> String {
 }
 
 pub fn explain(
-    graph: &Graph,
+    input: &Graph,
     policy: FusePolicy,
     cost: &FixedCostModel,
     as_json: bool,
     dump: Option<&Path>,
 ) -> Result<String> {
     let cost = cost.clone();
+    // The graph passes of the default (fast) numerics, as `kfuse run` applies them.
+    let (optimized, trail) = kfuse::opt::Pipeline::fast().run(input)?;
+    let graph = &optimized;
+    let passes: Vec<(String, Vec<String>)> = trail
+        .iter()
+        .filter(|(_, _, report)| !report.notes.is_empty())
+        .map(|(name, _, report)| (name.to_string(), report.notes.clone()))
+        .collect();
     let p = partition(graph, policy, &cost);
     let program = lower(graph, &p)?;
     let unfused = lower(graph, &partition(graph, FusePolicy::None, &cost))?;
@@ -81,7 +89,15 @@ pub fn explain(
             std::fs::write(dir.join(name), text)
                 .with_context(|| format!("cannot write {}", dir.join(name).display()))
         };
-        write("0-input.kf", &kfuse::print_graph(graph))?;
+        write("0-input.kf", &kfuse::print_graph(input))?;
+        for (i, (name, changed, _)) in trail.iter().enumerate() {
+            if let Some(after) = changed {
+                write(
+                    &format!("0-pass{}-{name}.kf", i + 1),
+                    &kfuse::print_graph(after),
+                )?;
+            }
+        }
         write("1-partition.txt", &print_partition(graph, &p))?;
         for step in &program.steps {
             if let Step::Kernel { kernel, .. } = step {
@@ -137,11 +153,17 @@ pub fn explain(
             "bytes_unfused": unfused_bytes,
             "boundaries": boundaries,
             "notes": p.notes,
+            "passes": passes.iter().map(|(name, notes)| json!({"pass": name, "notes": notes})).collect::<Vec<_>>(),
         });
         return Ok(serde_json::to_string_pretty(&doc)? + "\n");
     }
     let mut s = String::new();
     writeln!(s, "cost model: {}", cost.describe_fixed()).unwrap();
+    for (name, notes) in &passes {
+        for note in notes {
+            writeln!(s, "pass {name}: {note}").unwrap();
+        }
+    }
     writeln!(
         s,
         "policy {}; {} kernel(s) (unfused: {}); memory traffic {} fused vs {} unfused ({:.1}x less)",

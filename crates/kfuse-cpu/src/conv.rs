@@ -38,7 +38,7 @@ pub struct Epilogue<'a> {
     pub relu: bool,
 }
 
-trait Real: Copy + Send + Sync + 'static + PartialOrd {
+pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
     const ZERO: Self;
     const ONE: Self;
     fn add(self, other: Self) -> Self;
@@ -86,7 +86,7 @@ fn dims(shape: &[usize], layout: Layout) -> [usize; 4] {
 
 /// A raw output pointer shared by tasks that write disjoint parts.
 #[derive(Clone, Copy)]
-struct Out<T>(*mut T);
+pub(crate) struct Out<T>(pub(crate) *mut T);
 // SAFETY: tasks write disjoint index ranges; `run` waits for all of them.
 unsafe impl<T> Send for Out<T> {}
 unsafe impl<T> Sync for Out<T> {}
@@ -94,7 +94,7 @@ unsafe impl<T> Sync for Out<T> {}
 impl<T> Out<T> {
     /// The pointer. A method, so that closures capture the whole (`Sync`) wrapper rather than
     /// its raw-pointer field.
-    fn ptr(self) -> *mut T {
+    pub(crate) fn ptr(self) -> *mut T {
         self.0
     }
 }
@@ -105,7 +105,7 @@ impl<T> Out<T> {
 /// The pointers must address matrices of these shapes and strides, `dst` not overlapping the
 /// others, and no other thread may touch `dst`'s elements during the call.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_into<T: Real>(
+pub(crate) unsafe fn gemm_into<T: Real>(
     m: usize,
     n: usize,
     k: usize,
@@ -291,7 +291,10 @@ impl Geometry {
     fn valid_columns(&self, j: usize) -> (usize, usize, usize) {
         let (s, pl, shift) = (self.stride[1], self.pad[1], j * self.dilation[1]);
         let lo = pl.saturating_sub(shift).div_ceil(s);
-        let hi = (self.x[3] + pl).saturating_sub(shift).div_ceil(s).min(self.y[3]);
+        let hi = (self.x[3] + pl)
+            .saturating_sub(shift)
+            .div_ceil(s)
+            .min(self.y[3]);
         if lo >= hi {
             return (0, 0, 0);
         }
@@ -395,8 +398,9 @@ fn im2col_gemm<T: Real>(
                                     if step == 1 {
                                         dst[lo..hi].copy_from_slice(&xs[base..base + hi - lo]);
                                     } else {
-                                        for (d, x) in
-                                            dst[lo..hi].iter_mut().zip(xs[base..].iter().step_by(step))
+                                        for (d, x) in dst[lo..hi]
+                                            .iter_mut()
+                                            .zip(xs[base..].iter().step_by(step))
                                         {
                                             *d = *x;
                                         }

@@ -8,17 +8,21 @@
 //! - [`FoldAffine`]: inference folding. A per-channel affine chain after a convolution or matmul
 //!   with constant weights (batchnorm, a bias, a scale) is folded into the weights and one bias
 //!   add. This rounds differently from the original, so it belongs to fast numerics only;
+//! - [`MergeDots`]: matmuls sharing their left operand, with constant weights, become one
+//!   matmul over the concatenated weights (fast numerics: the wider GEMM blocks differently);
 //! - [`DeadCode`]: nodes no output depends on are dropped.
 //!
 //! [`freeze`] turns named inputs into constants (model weights known at compile time), which
 //! is what lets the folding passes see them.
 
 mod fold_affine;
+mod merge_dots;
 mod rewrite;
 
 use kfuse_ir::{Array, Graph, IrError, Op};
 
 pub use fold_affine::FoldAffine;
+pub use merge_dots::MergeDots;
 
 /// Errors from passes: a rewrite produced an ill-typed graph (a bug), or a request was bad.
 #[derive(Debug, thiserror::Error)]
@@ -63,12 +67,13 @@ impl Pipeline {
     }
 
     /// The passes for fast numerics: constant folding, then affine folding into convolutions
-    /// and matmuls (after constant folding has computed `sqrt(var + eps)` and the like), then
-    /// dead code.
+    /// and matmuls (after constant folding has computed `sqrt(var + eps)` and the like), dot
+    /// merging, then dead code.
     pub fn fast() -> Pipeline {
         Pipeline::new(vec![
             Box::new(ConstantFold::default()),
             Box::new(FoldAffine),
+            Box::new(MergeDots),
             Box::new(DeadCode),
         ])
     }

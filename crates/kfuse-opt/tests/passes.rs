@@ -8,7 +8,7 @@ use std::path::Path;
 use kfuse_interp::CustomOps;
 use kfuse_ir::text::{parse_graph, print_graph};
 use kfuse_ir::{Array, Graph};
-use kfuse_opt::{ConstantFold, DeadCode, FoldAffine, Pass, Pipeline};
+use kfuse_opt::{ConstantFold, DeadCode, FoldAffine, MergeDots, Pass, Pipeline};
 use kfuse_testkit::Rng;
 
 fn pipeline_named(name: &str) -> Option<Pipeline> {
@@ -17,6 +17,7 @@ fn pipeline_named(name: &str) -> Option<Pipeline> {
         "constant-fold" => one(Box::new(ConstantFold::default())),
         "fold-affine" => one(Box::new(FoldAffine)),
         "dead-code" => one(Box::new(DeadCode)),
+        "merge-dots" => one(Box::new(MergeDots)),
         "fast" => Some(Pipeline::fast()),
         "strict" => Some(Pipeline::strict()),
         _ => None,
@@ -132,5 +133,24 @@ fn folded_batchnorm_matches_the_reference_within_rounding() {
                 "seed {seed} y[{i}]: {a} folded to {b}"
             );
         }
+    }
+}
+
+#[test]
+fn merged_dots_compute_the_same_values() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/passes/merge_dots.kf");
+    let text = std::fs::read_to_string(path).unwrap();
+    let input = text.split("# ==== expected").next().unwrap();
+    let graph = parse_graph(input).unwrap();
+    let (merged, _) = Pipeline::new(vec![Box::new(MergeDots)])
+        .run(&graph)
+        .unwrap();
+    assert_ne!(graph.nodes().len(), merged.nodes().len());
+    let inputs = random_inputs(&graph, 5);
+    let want = kfuse_interp::run(&graph, &inputs, &CustomOps::new()).unwrap();
+    let got = kfuse_interp::run(&merged, &inputs, &CustomOps::new()).unwrap();
+    // Each column of the merged product is the same k-ordered sum: identical bits.
+    for i in 0..want[0].1.n_elems() {
+        assert_eq!(want[0].1.get_bits(i), got[0].1.get_bits(i), "y[{i}]");
     }
 }

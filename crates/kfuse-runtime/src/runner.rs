@@ -306,6 +306,32 @@ impl<'a> Runner<'a> {
                         message,
                     })
                 }
+                Step::Library {
+                    node,
+                    op: kfuse_ir::Op::MatMul,
+                    inputs: ins,
+                    outputs,
+                } if self.numerics == Numerics::Fast
+                    && kfuse_cpu::matmul::supported(program.buffer(ins[0]).ty.dtype) =>
+                {
+                    stats.library_steps += 1;
+                    let view = |b: BufId| kfuse_cpu::conv::View {
+                        storage: storage_of(b).expect("library inputs are computed first"),
+                        dims: program.buffer(b).ty.shape.dims(),
+                    };
+                    kfuse_cpu::matmul::matmul(
+                        view(ins[0]),
+                        view(ins[1]),
+                        program.buffer(outputs[0]).ty.shape.dims(),
+                        &mut taken[0].1,
+                        kfuse_cpu::Pool::global().threads(),
+                    )
+                    .map_err(|message| RunError::Step {
+                        step: s,
+                        what: format!("node %{node} (matmul)"),
+                        message,
+                    })
+                }
                 Step::Structured {
                     nodes,
                     call,
@@ -390,20 +416,7 @@ impl<'a> Runner<'a> {
                         .iter()
                         .map(|b| program.buffer(*b).ty.clone())
                         .collect();
-                    let fast_matmul = *op == kfuse_ir::Op::MatMul
-                        && self.numerics == Numerics::Fast
-                        && kfuse_cpu::matmul::supported(refs[0].dtype());
-                    let result = if fast_matmul {
-                        kfuse_cpu::matmul::matmul(
-                            refs[0],
-                            refs[1],
-                            &types[0],
-                            kfuse_cpu::Pool::global().threads(),
-                        )
-                        .map(|a| vec![a])
-                    } else {
-                        kfuse_interp::eval_op(op, &types, &refs, custom)
-                    };
+                    let result = kfuse_interp::eval_op(op, &types, &refs, custom);
                     result
                         .map(|results| {
                             for ((_, slot), r) in taken.iter_mut().zip(results) {
