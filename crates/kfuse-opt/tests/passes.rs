@@ -14,7 +14,7 @@ use kfuse_testkit::Rng;
 fn pipeline_named(name: &str) -> Option<Pipeline> {
     let one = |p: Box<dyn Pass>| Some(Pipeline::new(vec![p]));
     match name {
-        "constant-fold" => one(Box::new(ConstantFold::default())),
+        "constant-fold" => one(Box::<ConstantFold>::default()),
         "fold-affine" => one(Box::new(FoldAffine)),
         "dead-code" => one(Box::new(DeadCode)),
         "merge-dots" => one(Box::new(MergeDots)),
@@ -77,8 +77,8 @@ fn folded_batchnorm_matches_the_reference_within_rounding() {
         let mut rng = Rng::new(seed);
         let nhwc = seed % 2 == 1;
         let (c_in, c_out, k) = (
-            1 + rng.below(4) as usize,
-            1 + rng.below(5) as usize,
+            1 + rng.below(4),
+            1 + rng.below(5),
             1 + 2 * (seed % 2) as usize,
         );
         let (x, per_channel, layout) = if nhwc {
