@@ -212,9 +212,17 @@ pub fn explain(
     Ok(s)
 }
 
-/// What a structured kernel fused into its convolution, and how.
+/// What a structured kernel fused into its convolution or matmul, and how.
 fn structured_head(graph: &Graph, group: &kfuse::fusion::ConvGroup) -> String {
     let mut parts = Vec::new();
+    for (side, t) in ["left", "right"].iter().zip(group.transposed) {
+        if let Some(t) = t {
+            parts.push(format!(
+                "transpose %{} read in place through the GEMM's strides as the {side} operand (never materialized)",
+                t.0
+            ));
+        }
+    }
     if let Some(d) = group.depthwise {
         parts.push(format!(
             "depthwise conv2d %{} computed tile by tile into cache and consumed there (its output is never stored)",
@@ -234,9 +242,9 @@ fn structured_head(graph: &Graph, group: &kfuse::fusion::ConvGroup) -> String {
             epilogue.join(" + ")
         ));
     }
-    let _ = graph;
     format!(
-        "structured kernel: conv2d %{} with {}",
+        "structured kernel: {} %{} with {}",
+        graph.node(group.conv).op.name(),
         group.conv.0,
         parts.join("; ")
     )

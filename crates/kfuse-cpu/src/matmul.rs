@@ -5,7 +5,7 @@
 
 use kfuse_ir::{DType, Shape, Storage};
 
-use crate::conv::{gemm_into, Out, Real, View};
+use crate::conv::{gemm_into, Epilogue, Out, Real, View};
 use crate::Pool;
 
 /// Whether [`matmul`] handles this operand dtype.
@@ -15,17 +15,31 @@ pub fn supported(dtype: DType) -> bool {
 
 /// `[..., M, K] @ [..., K, N]` with numpy batch broadcasting, for f32 and f64 operands, written
 /// into `out` (the output's dtype and element count; its contents are overwritten). Operands
-/// are read where they live, without copies.
-pub fn matmul(
+/// are read where they live, without copies. An operand marked in `transposed` is given as its
+/// source `[..., K, M]` (or `[..., N, K]`) and read through swapped strides. The epilogue (a
+/// bias per column, ReLU) is applied to each task's rows right after its GEMM. One-row
+/// products take a GEMV path.
+pub fn matmul_ex(
     a: View,
     b: View,
+    transposed: [bool; 2],
     out_dims: &[usize],
     out: &mut Storage,
+    epilogue: &Epilogue,
     threads: usize,
 ) -> Result<(), String> {
-    let (ra, rb) = (a.dims.len(), b.dims.len());
-    let (m, k) = (a.dims[ra - 2], a.dims[ra - 1]);
-    let n = b.dims[rb - 1];
+    let swap = |dims: &[usize], t: bool| {
+        let mut d = dims.to_vec();
+        let r = d.len();
+        if t {
+            d.swap(r - 2, r - 1);
+        }
+        d
+    };
+    let (a_dims, b_dims) = (swap(a.dims, transposed[0]), swap(b.dims, transposed[1]));
+    let (ra, rb) = (a_dims.len(), b_dims.len());
+    let (m, k) = (a_dims[ra - 2], a_dims[ra - 1]);
+    let n = b_dims[rb - 1];
     let rank = out_dims.len();
     let batch = Shape::new(out_dims[..rank - 2].to_vec());
     let out_elems: usize = out_dims.iter().product();
@@ -56,8 +70,8 @@ pub fn matmul(
             .collect()
     };
     let (oa, ob) = (
-        batch_offsets(&Shape::new(a.dims.to_vec()), ra),
-        batch_offsets(&Shape::new(b.dims.to_vec()), rb),
+        batch_offsets(&Shape::new(a_dims.clone()), ra),
+        batch_offsets(&Shape::new(b_dims.clone()), rb),
     );
     // Tasks on the kernel pool: every batch matrix, its rows split across the threads when
     // the product is large enough to pay for a split. Each task runs a single-threaded GEMM.
@@ -67,47 +81,112 @@ pub fn matmul(
         1
     };
     let rows = m.div_ceil(chunks);
-    fn run<T: Real>(
-        x: &[T],
-        y: &[T],
-        c: &mut [T],
-        (m, k, n, rows, chunks): (usize, usize, usize, usize, usize),
-        oa: &[usize],
-        ob: &[usize],
-    ) {
+    /// The per-task work: rows r0..r1 of batch matrix bi, then the epilogue on them.
+    struct Plan<'a, T> {
+        m: usize,
+        k: usize,
+        n: usize,
+        rows: usize,
+        chunks: usize,
+        transposed: [bool; 2],
+        oa: &'a [usize],
+        ob: &'a [usize],
+        bias: Option<&'a [T]>,
+        relu: bool,
+    }
+    fn run<T: Real>(x: &[T], y: &[T], c: &mut [T], plan: &Plan<T>) {
+        let Plan {
+            m,
+            k,
+            n,
+            rows,
+            chunks,
+            transposed,
+            oa,
+            ob,
+            bias,
+            relu,
+        } = *plan;
         let dst = Out(c.as_mut_ptr());
+        // Strides of A (M x K) and B (K x N) as stored.
+        let (a_rs, a_cs) = if transposed[0] { (1, m) } else { (k, 1) };
+        let (b_rs, b_cs) = if transposed[1] { (1, k) } else { (n, 1) };
         Pool::global().run(oa.len() * chunks, &|task| {
             let (bi, chunk) = (task / chunks, task % chunks);
             let (r0, r1) = (chunk * rows, ((chunk + 1) * rows).min(m));
             if r0 >= r1 {
                 return;
             }
-            let lhs = x[oa[bi] * m * k + r0 * k..].as_ptr();
+            let lhs = x[oa[bi] * m * k + r0 * a_rs..].as_ptr();
             let rhs = y[ob[bi] * k * n..].as_ptr();
-            // SAFETY: the operands hold an M x K and a K x N row-major matrix at these offsets
-            // (shapes checked by inference); rows r0..r1 of output matrix bi are this task's.
+            // SAFETY: the operands hold an M x K and a K x N matrix with these strides at these
+            // offsets (shapes checked by inference); rows r0..r1 of output matrix bi are this
+            // task's alone.
             unsafe {
                 let at = dst.ptr().add(bi * m * n + r0 * n);
-                gemm_into(r1 - r0, n, k, at, n, 1, lhs, k, 1, rhs, n, 1);
+                if r1 - r0 == 1 && !transposed[1] {
+                    gemv(k, n, lhs, a_cs, rhs, at);
+                } else {
+                    gemm_into(r1 - r0, n, k, at, n, 1, lhs, a_rs, a_cs, rhs, b_rs, b_cs);
+                }
+                if bias.is_some() || relu {
+                    let rows = std::slice::from_raw_parts_mut(at, (r1 - r0) * n);
+                    for row in rows.chunks_mut(n) {
+                        finish_row(row, bias, relu);
+                    }
+                }
             }
         });
     }
     if m * n == 0 {
         return Ok(());
     }
-    if k == 0 {
-        // An empty sum: gemm is not asked to define it.
-        match out {
-            Storage::F32(c) => c.fill(0.0),
-            Storage::F64(c) => c.fill(0.0),
-            _ => {}
+    macro_rules! plan {
+        ($t:ty) => {
+            Plan::<$t> {
+                m,
+                k,
+                n,
+                rows,
+                chunks,
+                transposed,
+                oa: &oa,
+                ob: &ob,
+                bias: match epilogue.bias {
+                    None => None,
+                    Some(b) => Some(<$t as Real>::slice(b).ok_or("the bias dtype differs")?),
+                },
+                relu: epilogue.relu,
+            }
+        };
+    }
+    if let Some(b) = epilogue.bias {
+        if b.len() != n {
+            return Err(format!("the bias has {} values for {n} columns", b.len()));
         }
     }
-    let shape = (m, k, n, rows, chunks);
+    if k == 0 {
+        // An empty sum is zero (gemm is not asked to define it); the epilogue still applies.
+        match out {
+            Storage::F32(c) => {
+                c.fill(0.0);
+                let bias = plan!(f32).bias;
+                c.chunks_mut(n)
+                    .for_each(|r| finish_row(r, bias, epilogue.relu));
+            }
+            Storage::F64(c) => {
+                c.fill(0.0);
+                let bias = plan!(f64).bias;
+                c.chunks_mut(n)
+                    .for_each(|r| finish_row(r, bias, epilogue.relu));
+            }
+            _ => {}
+        }
+        return Ok(());
+    }
     match (a.storage, b.storage, out) {
-        _ if k == 0 => {}
-        (Storage::F32(x), Storage::F32(y), Storage::F32(c)) => run(x, y, c, shape, &oa, &ob),
-        (Storage::F64(x), Storage::F64(y), Storage::F64(c)) => run(x, y, c, shape, &oa, &ob),
+        (Storage::F32(x), Storage::F32(y), Storage::F32(c)) => run(x, y, c, &plan!(f32)),
+        (Storage::F64(x), Storage::F64(y), Storage::F64(c)) => run(x, y, c, &plan!(f64)),
         _ => {
             return Err(format!(
                 "gemm matmul supports f32 and f64, not {}",
@@ -116,4 +195,65 @@ pub fn matmul(
         }
     }
     Ok(())
+}
+
+/// `[..., M, K] @ [..., K, N]` with no transposes and no epilogue.
+pub fn matmul(
+    a: View,
+    b: View,
+    out_dims: &[usize],
+    out: &mut Storage,
+    threads: usize,
+) -> Result<(), String> {
+    matmul_ex(
+        a,
+        b,
+        [false, false],
+        out_dims,
+        out,
+        &Epilogue::default(),
+        threads,
+    )
+}
+
+/// One row times a matrix, `y = x B` with `x` strided by `x_stride` and `B` row-major K x N:
+/// accumulates rows of `B` scaled by `x[k]`, a memory-bound sweep that vectorizes along N.
+///
+/// # Safety
+/// `x` addresses K elements at stride `x_stride`, `b` a K x N row-major matrix, `y` N writable
+/// elements not overlapping the others.
+unsafe fn gemv<T: Real>(k: usize, n: usize, x: *const T, x_stride: usize, b: *const T, y: *mut T) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let y = std::slice::from_raw_parts_mut(y, n);
+        y.fill(T::ZERO);
+        for kk in 0..k {
+            let xv = *x.add(kk * x_stride);
+            let row = std::slice::from_raw_parts(b.add(kk * n), n);
+            for (acc, bv) in y.iter_mut().zip(row) {
+                *acc = acc.add(xv.mul(*bv));
+            }
+        }
+    }
+}
+
+/// Adds the per-column bias and applies ReLU to one output row.
+fn finish_row<T: Real>(row: &mut [T], bias: Option<&[T]>, relu: bool) {
+    match (bias, relu) {
+        (Some(b), true) => row
+            .iter_mut()
+            .zip(b)
+            .for_each(|(v, b)| *v = relu_of(v.add(*b))),
+        (Some(b), false) => row.iter_mut().zip(b).for_each(|(v, b)| *v = v.add(*b)),
+        (None, true) => row.iter_mut().for_each(|v| *v = relu_of(*v)),
+        (None, false) => {}
+    }
+}
+
+fn relu_of<T: Real>(v: T) -> T {
+    if v < T::ZERO {
+        T::ZERO
+    } else {
+        v
+    }
 }

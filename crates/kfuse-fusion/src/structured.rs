@@ -7,6 +7,10 @@
 //! %y = relu(%b)
 //! ```
 //!
+//! A matmul forms the same kind of group: operands that are transposes of the last two axes
+//! are read in place through the GEMM's strides (never materialized), and a per-column bias and
+//! ReLU are applied to its output.
+//!
 //! Before: up to four kernels, with the depthwise output (as large as the input) and the
 //! convolution's output written to memory and read back. After: one kernel that never stores
 //! the depthwise output and applies the epilogue while each output tile is in cache. Each
@@ -17,13 +21,16 @@ use std::collections::BTreeMap;
 
 use kfuse_ir::{BinaryOp, Graph, Layout, NodeId, Op, UnaryOp, Value};
 
-/// A convolution with the neighbours it absorbs.
+/// A convolution or matmul with the neighbours it absorbs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConvGroup {
     /// A depthwise convolution whose only user is `conv`, a 1×1 convolution: a
     /// depthwise-separable block.
     pub depthwise: Option<NodeId>,
-    /// The convolution.
+    /// Matmul only: `permute` nodes swapping the last two axes of the left and right operands,
+    /// folded into the GEMM's strides.
+    pub transposed: [Option<NodeId>; 2],
+    /// The convolution or matmul.
     pub conv: NodeId,
     /// `add(conv, bias)` with one bias value per output channel.
     pub bias_add: Option<NodeId>,
@@ -36,8 +43,11 @@ pub struct ConvGroup {
 impl ConvGroup {
     /// The nodes of the group in order.
     pub fn nodes(&self) -> Vec<NodeId> {
+        let mut transposes: Vec<NodeId> = self.transposed.iter().flatten().copied().collect();
+        transposes.sort();
         self.depthwise
             .into_iter()
+            .chain(transposes)
             .chain([self.conv])
             .chain(self.bias_add)
             .chain(self.relu)
@@ -53,6 +63,14 @@ impl ConvGroup {
     pub fn reason(&self, graph: &Graph) -> String {
         let name = |n: NodeId| format!("{} %{}", graph.node(n).op.name(), n.0);
         let mut parts = Vec::new();
+        for (side, t) in ["left", "right"].iter().zip(self.transposed) {
+            if let Some(t) = t {
+                parts.push(format!(
+                    "{} read in place as the transposed {side} operand",
+                    name(t)
+                ));
+            }
+        }
         if let Some(d) = self.depthwise {
             parts.push(format!(
                 "depthwise {} consumed tile by tile, never stored",
@@ -72,7 +90,8 @@ impl ConvGroup {
             ));
         }
         format!(
-            "written by conv2d %{} with {}",
+            "written by {} %{} with {}",
+            graph.node(self.conv).op.name(),
             self.conv.0,
             parts.join("; ")
         )
@@ -80,7 +99,10 @@ impl ConvGroup {
 
     /// Whether the group absorbs anything beyond the convolution.
     pub fn absorbs(&self) -> bool {
-        self.depthwise.is_some() || self.bias_add.is_some() || self.relu.is_some()
+        self.depthwise.is_some()
+            || self.transposed.iter().any(Option::is_some)
+            || self.bias_add.is_some()
+            || self.relu.is_some()
     }
 }
 
@@ -146,19 +168,21 @@ fn is_pointwise(graph: &Graph, id: NodeId) -> bool {
 
 /// Whether `bias` adds one value per channel to `conv`'s output without changing its shape.
 fn is_channel_bias(graph: &Graph, conv: NodeId, bias: Value) -> bool {
-    let Op::Conv2d(attrs) = &graph.node(conv).op else {
-        return false;
-    };
     let out = &graph.node(conv).types[0];
+    let rank = out.shape.rank();
+    let channel_axis = match &graph.node(conv).op {
+        Op::Conv2d(attrs) => match attrs.layout {
+            Layout::Nchw => 1,
+            Layout::Nhwc => 3,
+        },
+        Op::MatMul => rank - 1,
+        _ => return false,
+    };
     let b = graph.ty(bias);
-    if b.dtype != out.dtype || b.shape.rank() > 4 {
+    if b.dtype != out.dtype || b.shape.rank() > rank {
         return false;
     }
-    let channel_axis = match attrs.layout {
-        Layout::Nchw => 1,
-        Layout::Nhwc => 3,
-    };
-    let skip = 4 - b.shape.rank();
+    let skip = rank - b.shape.rank();
     b.shape.dims().iter().enumerate().all(|(i, &d)| {
         let axis = i + skip;
         if axis == channel_axis {
@@ -166,7 +190,19 @@ fn is_channel_bias(graph: &Graph, conv: NodeId, bias: Value) -> bool {
         } else {
             d == 1
         }
-    }) && b.shape.rank() + channel_axis >= 4
+    }) && b.shape.rank() + channel_axis >= rank
+}
+
+/// Whether `id` is a permute swapping the last two axes (a matrix transpose, batch axes kept).
+fn is_transpose(graph: &Graph, id: NodeId) -> bool {
+    let Op::Permute { perm } = &graph.node(id).op else {
+        return false;
+    };
+    let r = perm.len();
+    r >= 2
+        && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p)
+        && perm[r - 2] == r - 1
+        && perm[r - 1] == r - 2
 }
 
 /// Finds every convolution group in `graph`; notes say what a convolution could not absorb.
@@ -175,7 +211,7 @@ pub fn conv_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<ConvGroup> {
     let mut groups = Vec::new();
     let mut taken: Vec<NodeId> = Vec::new();
     for id in graph.node_ids() {
-        if !matches!(graph.node(id).op, Op::Conv2d(_)) || taken.contains(&id) {
+        if !matches!(graph.node(id).op, Op::Conv2d(_) | Op::MatMul) || taken.contains(&id) {
             continue;
         }
         // A depthwise conv is absorbed by its pointwise user, so it is handled from there.
@@ -188,11 +224,26 @@ pub fn conv_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<ConvGroup> {
         }
         let mut group = ConvGroup {
             depthwise: None,
+            transposed: [None, None],
             conv: id,
             bias_add: None,
             bias: None,
             relu: None,
         };
+        if graph.node(id).op == Op::MatMul {
+            let operands = &graph.node(id).operands;
+            for (side, operand) in operands.iter().enumerate() {
+                if is_transpose(graph, operand.node) && operands[0] != operands[1] {
+                    match single_use(graph, &users, *operand) {
+                        Ok(_) => group.transposed[side] = Some(operand.node),
+                        Err(why) => notes.push(format!(
+                            "transpose %{} is materialized before matmul %{}: {why}",
+                            operand.node.0, id.0
+                        )),
+                    }
+                }
+            }
+        }
         let input = graph.node(id).operands[0];
         if is_pointwise(graph, id) && is_depthwise(graph, input.node) && input.result == 0 {
             match single_use(graph, &users, input) {
@@ -219,17 +270,31 @@ pub fn conv_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<ConvGroup> {
                         last = user;
                     } else {
                         notes.push(format!(
-                            "conv2d %{} keeps add %{} in a separate kernel: the other operand is \
-                             not one value per output channel",
-                            id.0, user.0
+                            "{} %{} keeps add %{} in a separate kernel: the other operand is not \
+                             one value per output channel",
+                            graph.node(id).op.name(),
+                            id.0,
+                            user.0
                         ));
                     }
                 }
             }
-            Err(why) => notes.push(format!(
-                "conv2d %{} keeps its epilogue in a separate kernel: {why}",
-                id.0
-            )),
+            Err(why) => {
+                // Worth a note only where an epilogue was there to absorb.
+                let epilogue_user = users.get(&value(last)).into_iter().flatten().any(|&u| {
+                    matches!(
+                        graph.node(u).op,
+                        Op::Binary(BinaryOp::Add) | Op::Unary(UnaryOp::Relu)
+                    )
+                });
+                if epilogue_user {
+                    notes.push(format!(
+                        "{} %{} keeps its epilogue in a separate kernel: {why}",
+                        graph.node(id).op.name(),
+                        id.0
+                    ));
+                }
+            }
         }
         if let Ok(user) = single_use(graph, &users, value(last)) {
             if graph.node(user).op == Op::Unary(UnaryOp::Relu) {

@@ -7,4 +7,4 @@ pub mod text;
 
 pub use ir::{Access, Arg, IndexOp, Inst, InstId, InstKind, Kernel, Level};
 pub use lower::{lower, LowerError};
-pub use program::{BufId, Buffer, BufferKind, ConvCall, Program, Step};
+pub use program::{Anchor, BufId, Buffer, BufferKind, Program, Step, StructuredCall};

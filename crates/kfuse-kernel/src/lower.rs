@@ -13,7 +13,7 @@ use kfuse_ir::{
 };
 
 use crate::ir::{Access, Arg, IndexOp, Inst, InstId, InstKind, Kernel};
-use crate::program::{BufId, Buffer, BufferKind, ConvCall, Program, Step};
+use crate::program::{Anchor, BufId, Buffer, BufferKind, Program, Step, StructuredCall};
 
 /// Why lowering failed. Lowering only fails on partitions that violate their own invariants, so
 /// this is always a kfuse bug, reported rather than panicking.
@@ -73,30 +73,51 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                 let operand = |node: NodeId, i: usize| buf_of[&graph.node(node).operands[i]];
                 let conv_attrs = |node: NodeId| match &graph.node(node).op {
                     Op::Conv2d(attrs) => attrs.clone(),
-                    other => unreachable!(
-                        "a conv group's convolution is a conv2d, not {}",
-                        other.name()
-                    ),
+                    other => unreachable!("a depthwise producer is a conv2d, not {}", other.name()),
                 };
                 let mut inputs = Vec::new();
-                let depthwise = group.depthwise.map(|d| {
-                    inputs.push(operand(d, 0));
-                    inputs.push(operand(d, 1));
-                    (conv_attrs(d), graph.node(d).types[0].clone())
-                });
-                if depthwise.is_none() {
-                    inputs.push(operand(group.conv, 0));
-                }
-                inputs.push(operand(group.conv, 1));
+                let anchor = match &graph.node(group.conv).op {
+                    Op::Conv2d(conv) => {
+                        let depthwise = group.depthwise.map(|d| {
+                            inputs.push(operand(d, 0));
+                            inputs.push(operand(d, 1));
+                            (conv_attrs(d), graph.node(d).types[0].clone())
+                        });
+                        if depthwise.is_none() {
+                            inputs.push(operand(group.conv, 0));
+                        }
+                        inputs.push(operand(group.conv, 1));
+                        Anchor::Conv {
+                            depthwise,
+                            conv: conv.clone(),
+                        }
+                    }
+                    _ => {
+                        let mut transposed = [None, None];
+                        for side in 0..2 {
+                            match group.transposed[side] {
+                                Some(t) => {
+                                    let Op::Permute { perm } = &graph.node(t).op else {
+                                        unreachable!("a folded transpose is a permute")
+                                    };
+                                    inputs.push(operand(t, 0));
+                                    transposed[side] =
+                                        Some((perm.clone(), graph.node(t).types[0].clone()));
+                                }
+                                None => inputs.push(operand(group.conv, side)),
+                            }
+                        }
+                        Anchor::MatMul { transposed }
+                    }
+                };
                 if let Some(bias) = group.bias {
                     inputs.push(buf_of[&bias]);
                 }
                 let last = group.last();
                 steps.push(Step::Structured {
                     nodes: group.nodes().iter().map(|n| n.0).collect(),
-                    call: ConvCall {
-                        depthwise,
-                        conv: conv_attrs(group.conv),
+                    call: StructuredCall {
+                        anchor,
                         bias: group.bias.is_some(),
                         relu: group.relu.is_some(),
                     },

@@ -38,38 +38,63 @@ pub enum Step {
         inputs: Vec<BufId>,
         outputs: Vec<BufId>,
     },
-    /// A convolution with the neighbours it absorbed (`kfuse_fusion::ConvGroup`), run by one
-    /// library routine. `inputs` are the activations, the depthwise weights (if any), the
-    /// convolution weights and the bias (if any); `outputs` the group's one result.
+    /// A convolution or matmul with the neighbours it absorbed (`kfuse_fusion::ConvGroup`),
+    /// run by one library routine. `inputs` are, for a convolution, the activations, the
+    /// depthwise weights (if any) and the weights; for a matmul its two operands (the
+    /// untransposed sources where a transpose was folded); then the bias (if any). `outputs` is
+    /// the group's one result.
     Structured {
         nodes: Vec<u32>,
-        call: ConvCall,
+        call: StructuredCall,
         inputs: Vec<BufId>,
         outputs: Vec<BufId>,
     },
 }
 
-/// What a structured convolution step computes.
+/// The structured op of a structured step.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ConvCall {
-    /// A depthwise convolution first, with the type of its (never stored) result.
-    pub depthwise: Option<(Conv2dAttrs, TensorType)>,
-    /// The convolution.
-    pub conv: Conv2dAttrs,
-    /// Add a per-channel bias (the last input) to the convolution's result.
+pub enum Anchor {
+    /// A convolution, after a depthwise convolution whose (never stored) result has the given
+    /// type.
+    Conv {
+        depthwise: Option<(Conv2dAttrs, TensorType)>,
+        conv: Conv2dAttrs,
+    },
+    /// A matmul; an operand marked with its transpose's permutation and result type is read
+    /// through swapped strides from the transpose's source.
+    MatMul {
+        transposed: [Option<(Vec<usize>, TensorType)>; 2],
+    },
+}
+
+/// What a structured step computes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StructuredCall {
+    pub anchor: Anchor,
+    /// Add a per-channel bias (the last input) to the anchor's result.
     pub bias: bool,
     /// Then `relu`.
     pub relu: bool,
 }
 
-impl ConvCall {
+impl StructuredCall {
     /// A name listing the work, such as `conv2d+add+relu`.
     pub fn name(&self) -> String {
         let mut parts = Vec::new();
-        if self.depthwise.is_some() {
-            parts.push("conv2d.depthwise");
+        match &self.anchor {
+            Anchor::Conv { depthwise, .. } => {
+                if depthwise.is_some() {
+                    parts.push("conv2d.depthwise");
+                }
+                parts.push("conv2d");
+            }
+            Anchor::MatMul { transposed } => {
+                if transposed.iter().any(Option::is_some) {
+                    parts.push("transpose");
+                }
+                parts.push("matmul");
+            }
         }
-        parts.push("conv2d");
         if self.bias {
             parts.push("add");
         }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use kfuse_interp::{CustomOps, InterpError};
 use kfuse_ir::{Array, Storage};
-use kfuse_kernel::{Access, BufId, BufferKind, Program, Step};
+use kfuse_kernel::{Access, Anchor, BufId, BufferKind, Program, Step};
 
 use kfuse_cpu::Numerics;
 
@@ -351,8 +351,11 @@ impl<'a> Runner<'a> {
                             bias: call.bias.then(|| view(*ins.last().unwrap()).storage),
                             relu: call.relu,
                         };
-                        match &call.depthwise {
-                            Some((depthwise, middle)) => kfuse_cpu::conv::separable(
+                        match &call.anchor {
+                            Anchor::Conv {
+                                depthwise: Some((depthwise, middle)),
+                                ..
+                            } => kfuse_cpu::conv::separable(
                                 view(ins[0]),
                                 view(ins[1]),
                                 depthwise,
@@ -362,13 +365,25 @@ impl<'a> Runner<'a> {
                                 &mut taken[0].1,
                                 &epilogue,
                             ),
-                            None => kfuse_cpu::conv::conv2d(
+                            Anchor::Conv {
+                                depthwise: None,
+                                conv,
+                            } => kfuse_cpu::conv::conv2d(
                                 view(ins[0]),
                                 view(ins[1]),
-                                &call.conv,
+                                conv,
                                 out_ty.shape.dims(),
                                 &mut taken[0].1,
                                 &epilogue,
+                            ),
+                            Anchor::MatMul { transposed } => kfuse_cpu::matmul::matmul_ex(
+                                view(ins[0]),
+                                view(ins[1]),
+                                [transposed[0].is_some(), transposed[1].is_some()],
+                                out_ty.shape.dims(),
+                                &mut taken[0].1,
+                                &epilogue,
+                                kfuse_cpu::Pool::global().threads(),
                             ),
                         }
                     } else {
@@ -496,10 +511,10 @@ impl<'a> Runner<'a> {
     }
 }
 
-/// A structured convolution step evaluated op by op on the reference interpreter: what strict
-/// numerics (and dtypes without a fast routine) run, bit-identical to the graph's ops.
+/// A structured step evaluated op by op on the reference interpreter: what strict numerics
+/// (and dtypes without a fast routine) run, bit-identical to the graph's ops.
 fn reference_conv_group<'a>(
-    call: &kfuse_kernel::ConvCall,
+    call: &kfuse_kernel::StructuredCall,
     inputs: &[BufId],
     out_ty: &kfuse_ir::TensorType,
     array: impl Fn(BufId) -> Array + 'a,
@@ -511,13 +526,28 @@ fn reference_conv_group<'a>(
             .map(|mut results| results.remove(0))
     };
     let mut next = inputs.iter().copied();
-    let mut x = array(next.next().expect("activations"));
-    if let Some((attrs, middle)) = &call.depthwise {
-        let w = array(next.next().expect("depthwise weights"));
-        x = eval(Op::Conv2d(attrs.clone()), middle, &[&x, &w])?;
-    }
-    let w = array(next.next().expect("weights"));
-    let mut y = eval(Op::Conv2d(call.conv.clone()), out_ty, &[&x, &w])?;
+    let mut y = match &call.anchor {
+        Anchor::Conv { depthwise, conv } => {
+            let mut x = array(next.next().expect("activations"));
+            if let Some((attrs, middle)) = depthwise {
+                let w = array(next.next().expect("depthwise weights"));
+                x = eval(Op::Conv2d(attrs.clone()), middle, &[&x, &w])?;
+            }
+            let w = array(next.next().expect("weights"));
+            eval(Op::Conv2d(conv.clone()), out_ty, &[&x, &w])?
+        }
+        Anchor::MatMul { transposed } => {
+            let mut operands = Vec::new();
+            for t in transposed {
+                let source = array(next.next().expect("matmul operand"));
+                operands.push(match t {
+                    Some((perm, ty)) => eval(Op::Permute { perm: perm.clone() }, ty, &[&source])?,
+                    None => source,
+                });
+            }
+            eval(Op::MatMul, out_ty, &[&operands[0], &operands[1]])?
+        }
+    };
     if call.bias {
         let bias = array(next.next().expect("bias"));
         y = eval(Op::Binary(BinaryOp::Add), out_ty, &[&y, &bias])?;

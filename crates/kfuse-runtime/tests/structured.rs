@@ -286,3 +286,55 @@ fn structured_convolutions_match_the_reference() {
         check(&graph, &inputs, terms, &format!("structured program {k}"));
     }
 }
+
+#[test]
+fn structured_matmuls_match_the_reference() {
+    // (program, terms per output)
+    let programs = [
+        (
+            "%x = input() name=\"x\" : f32[5, 7]\n%w = input() name=\"w\" : f32[3, 7]\n%b = input() name=\"b\" : f32[3]\n\
+             %wt = permute(%w) perm=[1, 0]\n%h = matmul(%x, %wt)\n%s = add(%h, %b)\n%y = relu(%s)\noutput \"y\" = %y\n",
+            8,
+        ),
+        (
+            "%a = input() name=\"a\" : f32[2, 7, 5]\n%w = input() name=\"w\" : f32[2, 7, 6]\n%b = input() name=\"b\" : f32[1, 6]\n\
+             %at = permute(%a) perm=[0, 2, 1]\n%h = matmul(%at, %w)\n%y = add(%b, %h)\noutput \"y\" = %y\n",
+            8,
+        ),
+        (
+            "%x = input() name=\"x\" : f64[1, 33]\n%w = input() name=\"w\" : f64[33, 70]\n%b = input() name=\"b\" : f64[70]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = relu(%s)\noutput \"y\" = %y\n",
+            34,
+        ),
+        (
+            "%a = input() name=\"a\" : f32[3, 1, 4, 9]\n%c = input() name=\"c\" : f32[2, 6, 9]\n\
+             %ct = permute(%c) perm=[0, 2, 1]\n%y = matmul(%a, %ct)\noutput \"y\" = %y\n",
+            9,
+        ),
+        (
+            "%x = input() name=\"x\" : f32[4, 0]\n%w = input() name=\"w\" : f32[0, 3]\n%b = input() name=\"b\" : f32[3]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = relu(%s)\noutput \"y\" = %y\n",
+            1,
+        ),
+        (
+            "%x = input() name=\"x\" : f32[600, 70]\n%w = input() name=\"w\" : f32[70, 120]\n%b = input() name=\"b\" : f32[120]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = relu(%s)\noutput \"y\" = %y\n",
+            71,
+        ),
+    ];
+    for (k, (text, terms)) in programs.iter().enumerate() {
+        let graph = parse_graph(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let exe = build(&graph, Numerics::Fast);
+        assert_eq!(
+            exe.program.steps.len(),
+            1,
+            "matmul program {k} is one step:\n{text}"
+        );
+        assert!(
+            matches!(exe.program.steps[0], kfuse_kernel::Step::Structured { .. }),
+            "program {k}"
+        );
+        let inputs = random_inputs(&graph, 2000 + k as u64);
+        check(&graph, &inputs, *terms, &format!("matmul program {k}"));
+    }
+}
