@@ -42,6 +42,11 @@ pub struct Epilogue<'a> {
 pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
     const ZERO: Self;
     const ONE: Self;
+    const NEG_INFINITY: Self;
+    fn is_nan(self) -> bool;
+    fn is_negative_zero(self) -> bool;
+    fn to_f64(self) -> f64;
+    fn from_f64(value: f64) -> Self;
     fn add(self, other: Self) -> Self;
     fn mul(self, other: Self) -> Self;
     fn slice(storage: &Storage) -> Option<&[Self]>;
@@ -53,6 +58,19 @@ macro_rules! real {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
+            const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
+            }
+            fn is_negative_zero(self) -> bool {
+                self == 0.0 && self.is_sign_negative()
+            }
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn from_f64(value: f64) -> Self {
+                value as $t
+            }
             fn add(self, other: Self) -> Self {
                 self + other
             }

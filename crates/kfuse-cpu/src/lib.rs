@@ -13,3 +13,4 @@ pub use launch::{launch, launch_on, storage_ptr, GRAIN};
 pub use pool::Pool;
 pub mod conv;
 pub mod matmul;
+pub mod pooling;

@@ -332,6 +332,30 @@ impl<'a> Runner<'a> {
                         message,
                     })
                 }
+                Step::Library {
+                    node,
+                    op: kfuse_ir::Op::Pool2d(attrs),
+                    inputs: ins,
+                    outputs,
+                } if kfuse_cpu::pooling::supported(program.buffer(ins[0]).ty.dtype) => {
+                    // Bit-identical to the reference, so in both numerics modes.
+                    stats.library_steps += 1;
+                    let x = kfuse_cpu::conv::View {
+                        storage: storage_of(ins[0]).expect("library inputs are computed first"),
+                        dims: program.buffer(ins[0]).ty.shape.dims(),
+                    };
+                    kfuse_cpu::pooling::pool2d(
+                        x,
+                        attrs,
+                        program.buffer(outputs[0]).ty.shape.dims(),
+                        &mut taken[0].1,
+                    )
+                    .map_err(|message| RunError::Step {
+                        step: s,
+                        what: format!("node %{node} (pool2d)"),
+                        message,
+                    })
+                }
                 Step::Structured {
                     nodes,
                     call,

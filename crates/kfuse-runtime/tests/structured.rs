@@ -338,3 +338,50 @@ fn structured_matmuls_match_the_reference() {
         check(&graph, &inputs, *terms, &format!("matmul program {k}"));
     }
 }
+
+#[test]
+fn pooling_is_bit_identical_to_the_reference_in_both_modes() {
+    let cases = [
+        ("max", "[3, 3]", "[2, 2]", "[1, 1, 1, 1]", "[1, 1]", "false"),
+        ("avg", "[3, 3]", "[2, 2]", "[1, 1, 1, 1]", "[1, 1]", "false"),
+        ("avg", "[3, 2]", "[1, 2]", "[1, 0, 1, 1]", "[2, 1]", "true"),
+        ("max", "[2, 2]", "[1, 1]", "[0, 0, 0, 0]", "[1, 1]", "false"),
+        // Global average pooling: the window is the whole plane.
+        ("avg", "[7, 9]", "[1, 1]", "[0, 0, 0, 0]", "[1, 1]", "false"),
+    ];
+    for (k, (kind, window, stride, padding, dilation, include)) in cases.iter().enumerate() {
+        for layout in ["nchw", "nhwc"] {
+            let x = if layout == "nchw" {
+                "[2, 3, 7, 9]"
+            } else {
+                "[2, 7, 9, 3]"
+            };
+            let text = format!(
+                "%x = input() name=\"x\" : f32{x}\n\
+                 %y = pool2d(%x) kind={kind} layout={layout} window={window} stride={stride} padding={padding} dilation={dilation} count_include_pad={include}\n\
+                 output \"y\" = %y\n"
+            );
+            let graph = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+            let mut inputs = random_inputs(&graph, 3000 + k as u64);
+            let mut values: Vec<f32> = inputs[0].1.as_slice::<f32>().unwrap().to_vec();
+            values[5] = f32::NAN;
+            values[17] = -0.0;
+            values[18] = 0.0;
+            values[60] = f32::NEG_INFINITY;
+            inputs[0].1 = Array::from_vec(inputs[0].1.shape().dims().to_vec(), values).unwrap();
+            let want = kfuse_interp::run(&graph, &inputs, &CustomOps::new()).unwrap();
+            for numerics in [Numerics::Fast, Numerics::Strict] {
+                let (got, _) = build(&graph, numerics)
+                    .run(&inputs, &CustomOps::new())
+                    .unwrap();
+                for i in 0..want[0].1.n_elems() {
+                    let (a, b) = (want[0].1.get_f64(i), got[0].1.get_f64(i));
+                    assert!(
+                        a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan(),
+                        "case {k} {layout} {numerics:?}: y[{i}] reference {a}, got {b}"
+                    );
+                }
+            }
+        }
+    }
+}
