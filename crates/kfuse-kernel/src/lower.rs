@@ -94,15 +94,14 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                     }
                     _ => {
                         let mut transposed = [None, None];
-                        for side in 0..2 {
+                        for (side, slot) in transposed.iter_mut().enumerate() {
                             match group.transposed[side] {
                                 Some(t) => {
                                     let Op::Permute { perm } = &graph.node(t).op else {
                                         unreachable!("a folded transpose is a permute")
                                     };
                                     inputs.push(operand(t, 0));
-                                    transposed[side] =
-                                        Some((perm.clone(), graph.node(t).types[0].clone()));
+                                    *slot = Some((perm.clone(), graph.node(t).types[0].clone()));
                                 }
                                 None => inputs.push(operand(group.conv, side)),
                             }
