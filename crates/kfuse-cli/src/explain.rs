@@ -213,7 +213,7 @@ pub fn explain(
 }
 
 /// What a structured kernel fused into its convolution or matmul, and how.
-fn structured_head(graph: &Graph, group: &kfuse::fusion::ConvGroup) -> String {
+fn structured_head(graph: &Graph, group: &kfuse::fusion::StructuredGroup) -> String {
     let mut parts = Vec::new();
     for (side, t) in ["left", "right"].iter().zip(group.transposed) {
         if let Some(t) = t {
@@ -244,8 +244,8 @@ fn structured_head(graph: &Graph, group: &kfuse::fusion::ConvGroup) -> String {
     }
     format!(
         "structured kernel: {} %{} with {}",
-        graph.node(group.conv).op.name(),
-        group.conv.0,
+        graph.node(group.anchor).op.name(),
+        group.anchor.0,
         parts.join("; ")
     )
 }

@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
-use crate::structured::{conv_groups, ConvGroup};
+use crate::structured::{structured_groups, StructuredGroup};
 use kfuse_ir::{Graph, NodeId, Op, Shape};
 
 use crate::cost::CostModel;
@@ -62,7 +62,7 @@ pub enum KernelKind {
     /// One structured or opaque op run by a library routine.
     Library,
     /// A convolution with the neighbours it absorbs, run by one library routine.
-    Structured(ConvGroup),
+    Structured(StructuredGroup),
 }
 
 /// One kernel of a partition.
@@ -138,7 +138,7 @@ pub fn partition(graph: &Graph, policy: FusePolicy, cost: &dyn CostModel) -> Par
     let groups = if policy == FusePolicy::None {
         Vec::new()
     } else {
-        conv_groups(graph, &mut notes)
+        structured_groups(graph, &mut notes)
     };
     let mut grouped: BTreeMap<NodeId, usize> = BTreeMap::new();
     for (g, group) in groups.iter().enumerate() {
@@ -156,7 +156,7 @@ pub fn partition(graph: &Graph, policy: FusePolicy, cost: &dyn CostModel) -> Par
             for v in &node.operands {
                 if !grouped.contains_key(&v.node) || grouped[&v.node] != g {
                     stored.entry(v.node).or_insert_with(|| {
-                        format!("read by the convolution kernel of %{}", group.conv.0)
+                        format!("read by the convolution kernel of %{}", group.anchor.0)
                     });
                 }
             }
@@ -270,7 +270,7 @@ fn form_kernels(
     graph: &Graph,
     stored: &BTreeMap<NodeId, String>,
     policy: FusePolicy,
-    groups: &[ConvGroup],
+    groups: &[StructuredGroup],
 ) -> Result<Vec<Kernel>, (NodeId, String)> {
     let mut kernels = Vec::new();
     for id in graph.node_ids() {

@@ -23,16 +23,16 @@ use kfuse_ir::{BinaryOp, Graph, Layout, NodeId, Op, UnaryOp, Value};
 
 /// A convolution or matmul with the neighbours it absorbs.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConvGroup {
-    /// A depthwise convolution whose only user is `conv`, a 1×1 convolution: a
+pub struct StructuredGroup {
+    /// A depthwise convolution whose only user is `anchor`, a 1×1 convolution: a
     /// depthwise-separable block.
     pub depthwise: Option<NodeId>,
     /// Matmul only: `permute` nodes swapping the last two axes of the left and right operands,
     /// folded into the GEMM's strides.
     pub transposed: [Option<NodeId>; 2],
     /// The convolution or matmul.
-    pub conv: NodeId,
-    /// `add(conv, bias)` with one bias value per output channel.
+    pub anchor: NodeId,
+    /// `add(anchor, bias)` with one bias value per output channel (per column for a matmul).
     pub bias_add: Option<NodeId>,
     /// The bias operand of `bias_add`.
     pub bias: Option<Value>,
@@ -40,7 +40,7 @@ pub struct ConvGroup {
     pub relu: Option<NodeId>,
 }
 
-impl ConvGroup {
+impl StructuredGroup {
     /// The nodes of the group in order.
     pub fn nodes(&self) -> Vec<NodeId> {
         let mut transposes: Vec<NodeId> = self.transposed.iter().flatten().copied().collect();
@@ -48,7 +48,7 @@ impl ConvGroup {
         self.depthwise
             .into_iter()
             .chain(transposes)
-            .chain([self.conv])
+            .chain([self.anchor])
             .chain(self.bias_add)
             .chain(self.relu)
             .collect()
@@ -56,7 +56,7 @@ impl ConvGroup {
 
     /// The node whose result the group writes.
     pub fn last(&self) -> NodeId {
-        self.relu.or(self.bias_add).unwrap_or(self.conv)
+        self.relu.or(self.bias_add).unwrap_or(self.anchor)
     }
 
     /// Why the group's result is stored by one kernel: what it absorbed, and how.
@@ -91,8 +91,8 @@ impl ConvGroup {
         }
         format!(
             "written by {} %{} with {}",
-            graph.node(self.conv).op.name(),
-            self.conv.0,
+            graph.node(self.anchor).op.name(),
+            self.anchor.0,
             parts.join("; ")
         )
     }
@@ -206,7 +206,7 @@ fn is_transpose(graph: &Graph, id: NodeId) -> bool {
 }
 
 /// Finds every convolution group in `graph`; notes say what a convolution could not absorb.
-pub fn conv_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<ConvGroup> {
+pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<StructuredGroup> {
     let users = use_counts(graph);
     let mut groups = Vec::new();
     let mut taken: Vec<NodeId> = Vec::new();
@@ -222,10 +222,10 @@ pub fn conv_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<ConvGroup> {
                 }
             }
         }
-        let mut group = ConvGroup {
+        let mut group = StructuredGroup {
             depthwise: None,
             transposed: [None, None],
-            conv: id,
+            anchor: id,
             bias_add: None,
             bias: None,
             relu: None,

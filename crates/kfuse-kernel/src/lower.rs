@@ -76,7 +76,7 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                     other => unreachable!("a depthwise producer is a conv2d, not {}", other.name()),
                 };
                 let mut inputs = Vec::new();
-                let anchor = match &graph.node(group.conv).op {
+                let anchor = match &graph.node(group.anchor).op {
                     Op::Conv2d(conv) => {
                         let depthwise = group.depthwise.map(|d| {
                             inputs.push(operand(d, 0));
@@ -84,9 +84,9 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                             (conv_attrs(d), graph.node(d).types[0].clone())
                         });
                         if depthwise.is_none() {
-                            inputs.push(operand(group.conv, 0));
+                            inputs.push(operand(group.anchor, 0));
                         }
-                        inputs.push(operand(group.conv, 1));
+                        inputs.push(operand(group.anchor, 1));
                         Anchor::Conv {
                             depthwise,
                             conv: conv.clone(),
@@ -103,7 +103,7 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                                     inputs.push(operand(t, 0));
                                     *slot = Some((perm.clone(), graph.node(t).types[0].clone()));
                                 }
-                                None => inputs.push(operand(group.conv, side)),
+                                None => inputs.push(operand(group.anchor, side)),
                             }
                         }
                         Anchor::MatMul { transposed }

@@ -38,7 +38,7 @@ pub enum Step {
         inputs: Vec<BufId>,
         outputs: Vec<BufId>,
     },
-    /// A convolution or matmul with the neighbours it absorbed (`kfuse_fusion::ConvGroup`),
+    /// A convolution or matmul with the neighbours it absorbed (`kfuse_fusion::StructuredGroup`),
     /// run by one library routine. `inputs` are, for a convolution, the activations, the
     /// depthwise weights (if any) and the weights; for a matmul its two operands (the
     /// untransposed sources where a transpose was folded); then the bias (if any). `outputs` is

@@ -415,7 +415,7 @@ impl<'a> Runner<'a> {
                             Array::new(program.buffer(b).ty.shape.clone(), view(b).storage.clone())
                                 .expect("buffer matches its type")
                         };
-                        reference_conv_group(call, ins, out_ty, array).map(|a| {
+                        reference_structured(call, ins, out_ty, array).map(|a| {
                             taken[0].1 = a.into_storage();
                         })
                     };
@@ -537,7 +537,7 @@ impl<'a> Runner<'a> {
 
 /// A structured step evaluated op by op on the reference interpreter: what strict numerics
 /// (and dtypes without a fast routine) run, bit-identical to the graph's ops.
-fn reference_conv_group<'a>(
+fn reference_structured<'a>(
     call: &kfuse_kernel::StructuredCall,
     inputs: &[BufId],
     out_ty: &kfuse_ir::TensorType,
