@@ -118,7 +118,18 @@ impl<T> Out<T> {
     }
 }
 
-/// `dst[m×n] (+)= lhs[m×k] @ rhs[k×n]` with arbitrary strides, single-threaded.
+/// What a GEMM's destination starts from.
+#[derive(Clone, Copy)]
+pub(crate) enum Init<'a, T> {
+    /// Nothing: the destination is overwritten.
+    Zero,
+    /// `bias[i]` in every element of row `i`.
+    RowBias(&'a [T]),
+    /// `bias[j]` in every element of column `j`.
+    ColumnBias(&'a [T]),
+}
+
+/// `dst[m×n] = init + lhs[m×k] @ rhs[k×n]` with arbitrary strides, single-threaded.
 ///
 /// # Safety
 /// The pointers must address matrices of these shapes and strides, `dst` not overlapping the
@@ -137,9 +148,31 @@ pub(crate) unsafe fn gemm_into<T: Real>(
     rhs: *const T,
     rhs_rs: usize,
     rhs_cs: usize,
+    init: Init<T>,
 ) {
     // SAFETY: forwarded from the caller.
     unsafe {
+        // The bias is folded into the GEMM: the destination is filled with it and the product is
+        // accumulated onto it.
+        let read_dst = match init {
+            Init::Zero => false,
+            Init::RowBias(bias) => {
+                for i in 0..m {
+                    for j in 0..n {
+                        *dst.add(i * dst_rs + j * dst_cs) = bias[i];
+                    }
+                }
+                true
+            }
+            Init::ColumnBias(bias) => {
+                for i in 0..m {
+                    for j in 0..n {
+                        *dst.add(i * dst_rs + j * dst_cs) = bias[j];
+                    }
+                }
+                true
+            }
+        };
         gemm::gemm(
             m,
             n,
@@ -147,14 +180,14 @@ pub(crate) unsafe fn gemm_into<T: Real>(
             dst,
             dst_cs as isize,
             dst_rs as isize,
-            false,
+            read_dst,
             lhs,
             lhs_cs as isize,
             lhs_rs as isize,
             rhs,
             rhs_cs as isize,
             rhs_rs as isize,
-            T::ZERO,
+            T::ONE,
             T::ONE,
             false,
             false,
@@ -438,6 +471,9 @@ fn im2col_gemm<T: Real>(
                 match g.layout {
                     Layout::Nchw => {
                         let dst = out.ptr().add(((n * c_out + group * og) * oh + r0) * ow);
+                        let init = bias.map_or(Init::Zero, |b| {
+                            Init::RowBias(&b[group * og..(group + 1) * og])
+                        });
                         gemm_into(
                             og,
                             p,
@@ -451,19 +487,25 @@ fn im2col_gemm<T: Real>(
                             cols,
                             cols_rs,
                             cols_cs,
+                            init,
                         );
                     }
                     Layout::Nhwc => {
                         let dst = out.ptr().add((n * oh + r0) * ow * c_out + group * og);
                         // Patches as rows: P x K with k contiguous (or channel-strided).
                         let (lhs_rs, lhs_cs) = (cols_cs, cols_rs);
-                        gemm_into(p, og, k, dst, c_out, 1, cols, lhs_rs, lhs_cs, w_group, 1, k);
+                        let init = bias.map_or(Init::Zero, |b| {
+                            Init::ColumnBias(&b[group * og..(group + 1) * og])
+                        });
+                        gemm_into(
+                            p, og, k, dst, c_out, 1, cols, lhs_rs, lhs_cs, w_group, 1, k, init,
+                        );
                     }
                 }
             }
         }
-        // SAFETY: as above, this band belongs to this task.
-        unsafe { finish_band(g, out.ptr(), n, r0, r1, bias, do_relu) };
+        // SAFETY: as above, this band belongs to this task. The bias is already in.
+        unsafe { finish_band(g, out.ptr(), n, r0, r1, None, do_relu) };
     };
     pool.run(n_images * bands, &job);
 }
@@ -759,6 +801,7 @@ fn separable_typed<T: Real>(
             match g.layout {
                 Layout::Nchw => {
                     let at = dst.ptr().add((n * c_out * oh + r0) * ow);
+                    let init = bias.map_or(Init::Zero, Init::RowBias);
                     gemm_into(
                         c_out,
                         p,
@@ -772,10 +815,12 @@ fn separable_typed<T: Real>(
                         tile.as_ptr(),
                         p,
                         1,
+                        init,
                     );
                 }
                 Layout::Nhwc => {
                     let at = dst.ptr().add((n * oh + r0) * ow * c_out);
+                    let init = bias.map_or(Init::Zero, Init::ColumnBias);
                     gemm_into(
                         p,
                         c_out,
@@ -789,10 +834,11 @@ fn separable_typed<T: Real>(
                         wp.as_ptr(),
                         1,
                         c,
+                        init,
                     );
                 }
             }
-            finish_band(&out_geometry, dst.ptr(), n, r0, r1, bias, epilogue.relu);
+            finish_band(&out_geometry, dst.ptr(), n, r0, r1, None, epilogue.relu);
         }
     });
     Ok(())

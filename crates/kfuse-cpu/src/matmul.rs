@@ -5,7 +5,7 @@
 
 use kfuse_ir::{DType, Shape, Storage};
 
-use crate::conv::{gemm_into, Epilogue, Out, Real, View};
+use crate::conv::{gemm_into, Epilogue, Init, Out, Real, View};
 use crate::Pool;
 
 /// Whether [`matmul`] handles this operand dtype.
@@ -125,14 +125,30 @@ pub fn matmul_ex(
             unsafe {
                 let at = dst.ptr().add(bi * m * n + r0 * n);
                 if r1 - r0 == 1 && !transposed[1] {
-                    gemv(k, n, lhs, a_cs, rhs, at);
+                    gemv(k, n, lhs, a_cs, rhs, at, bias);
                 } else {
-                    gemm_into(r1 - r0, n, k, at, n, 1, lhs, a_rs, a_cs, rhs, b_rs, b_cs);
+                    let init = bias.map_or(Init::Zero, Init::ColumnBias);
+                    gemm_into(
+                        r1 - r0,
+                        n,
+                        k,
+                        at,
+                        n,
+                        1,
+                        lhs,
+                        a_rs,
+                        a_cs,
+                        rhs,
+                        b_rs,
+                        b_cs,
+                        init,
+                    );
                 }
-                if bias.is_some() || relu {
+                // The bias went in with the product; ReLU is what is left.
+                if relu {
                     let rows = std::slice::from_raw_parts_mut(at, (r1 - r0) * n);
                     for row in rows.chunks_mut(n) {
-                        finish_row(row, bias, relu);
+                        finish_row(row, None, relu);
                     }
                 }
             }
@@ -216,17 +232,28 @@ pub fn matmul(
     )
 }
 
-/// One row times a matrix, `y = x B` with `x` strided by `x_stride` and `B` row-major K x N:
-/// accumulates rows of `B` scaled by `x[k]`, a memory-bound sweep that vectorizes along N.
+/// One row times a matrix, `y = bias + x B` with `x` strided by `x_stride` and `B` row-major
+/// K x N: accumulates rows of `B` scaled by `x[k]`, a memory-bound sweep that vectorizes along N.
 ///
 /// # Safety
 /// `x` addresses K elements at stride `x_stride`, `b` a K x N row-major matrix, `y` N writable
 /// elements not overlapping the others.
-unsafe fn gemv<T: Real>(k: usize, n: usize, x: *const T, x_stride: usize, b: *const T, y: *mut T) {
+unsafe fn gemv<T: Real>(
+    k: usize,
+    n: usize,
+    x: *const T,
+    x_stride: usize,
+    b: *const T,
+    y: *mut T,
+    bias: Option<&[T]>,
+) {
     // SAFETY: forwarded from the caller.
     unsafe {
         let y = std::slice::from_raw_parts_mut(y, n);
-        y.fill(T::ZERO);
+        match bias {
+            Some(bias) => y.copy_from_slice(bias),
+            None => y.fill(T::ZERO),
+        }
         for kk in 0..k {
             let xv = *x.add(kk * x_stride);
             let row = std::slice::from_raw_parts(b.add(kk * n), n);
