@@ -302,6 +302,43 @@ fn example(name: &str) -> String {
 }
 
 #[test]
+fn explain_shows_folded_batchnorm_and_the_structured_block() {
+    let o = kfuse(&[
+        "explain",
+        &example("separable_block.kf"),
+        "--cost-model",
+        "fixed",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("pass fold-affine: sub %10, div %13, mul %14, add %15 folded into the weights of conv2d %9"),
+        "{text}"
+    );
+    assert!(
+        text.contains("policy cost; 1 kernel(s) (unfused: 4)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "structured kernel: conv2d %4 with depthwise conv2d %2 computed tile by tile"
+        ),
+        "{text}"
+    );
+    let o = kfuse(&["explain", &example("separable_block.kf"), "--json"]);
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["kernels"].as_array().unwrap().len(), 1, "{doc}");
+    assert_eq!(doc["kernels"][0]["kind"], "structured");
+    let passes: Vec<&str> = doc["passes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pass"].as_str().unwrap())
+        .collect();
+    assert_eq!(passes, ["constant-fold", "fold-affine", "dead-code"]);
+}
+
+#[test]
 fn explain_shows_kernels_bytes_and_boundaries() {
     let o = kfuse(&["explain", &example("layernorm.kf")]);
     assert!(o.status.success(), "{}", stderr(&o));
