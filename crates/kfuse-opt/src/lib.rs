@@ -106,14 +106,20 @@ impl Pipeline {
 }
 
 /// Constant folding by the reference interpreter, for results up to `max_elems` elements (larger
-/// constants would cost more memory than the work they save).
+/// constants would cost more memory than the work they save) and folds up to `max_work`
+/// multiply-adds (compile time).
 pub struct ConstantFold {
     pub max_elems: usize,
+    /// The most multiply-adds (or elements, for other ops) one fold may cost.
+    pub max_work: usize,
 }
 
 impl Default for ConstantFold {
     fn default() -> Self {
-        ConstantFold { max_elems: 1 << 22 }
+        ConstantFold {
+            max_elems: 1 << 22,
+            max_work: 1 << 26,
+        }
     }
 }
 
@@ -144,7 +150,20 @@ impl Pass for ConstantFold {
             }
             // Never grow data: a broadcast of a constant is cheaper computed than read.
             let largest = values.iter().map(|v| v.n_elems()).max().unwrap_or(0);
-            if node.types[0].shape.n_elems() > largest.max(1) {
+            let out_elems = node.types[0].shape.n_elems();
+            if out_elems > largest.max(1) {
+                return Ok(None);
+            }
+            // Nor spend long compiling: the interpreter folds at about 10^8 multiply-adds a
+            // second, so products of constants larger than this wait for run time.
+            let work = match node.op {
+                Op::MatMul => out_elems * values[0].shape().dims().last().copied().unwrap_or(1),
+                Op::Conv2d(_) => {
+                    out_elems * (values[1].n_elems() / values[1].shape().dims()[0].max(1))
+                }
+                _ => out_elems,
+            };
+            if work > self.max_work {
                 return Ok(None);
             }
             match kfuse_interp::eval_op(&node.op, &node.types, &values, &custom) {
