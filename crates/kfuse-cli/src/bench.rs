@@ -422,22 +422,47 @@ fn cost_model_case(
     Ok(json!(rows))
 }
 
-/// Median ms of one compiled run of `program` (fast numerics, cost policy).
-fn run_ms(program: &str, cache: &std::path::Path, runs: usize) -> Result<f64> {
-    let graph = kfuse::parse(program)?;
+/// A compiled program and its inputs, ready to time.
+struct Case {
+    exe: kfuse::Executable,
+    inputs: Vec<(String, Array)>,
+}
+
+/// Compiles `program` (fast numerics) with the named inputs frozen to constants (weights known
+/// at compile time, so the graph passes can fold them) under `policy`.
+fn prepare(
+    program: &str,
+    frozen: &[(String, Array)],
+    policy: kfuse::FusePolicy,
+    cache: &std::path::Path,
+) -> Result<Case> {
+    let graph = kfuse::opt::freeze(&kfuse::parse(program)?, frozen)?;
     let inputs = inputs_for(&graph)?;
     let options = kfuse::Options {
+        policy,
         cache_dir: cache.to_path_buf(),
         ..kfuse::Options::default()
     };
     let exe = kfuse::compile(&graph, &options, &FixedCostModel::default())?;
-    let mut runner = exe.runner();
-    Ok(time(runs, || {
-        runner
-            .run(&inputs, &CustomOps::new())
-            .map(|_| ())
-            .map_err(Into::into)
-    })? * 1e3)
+    Ok(Case { exe, inputs })
+}
+
+/// Median ms of each case, timed in alternation (one run of each per round), so that a slow
+/// spell of this shared machine falls on all of them alike and their ratios stay meaningful.
+fn interleaved_ms(cases: &[Case], runs: usize) -> Result<Vec<f64>> {
+    let mut runners: Vec<_> = cases.iter().map(|c| c.exe.runner()).collect();
+    let mut times = vec![Vec::with_capacity(runs); cases.len()];
+    for round in 0..=runs {
+        for ((runner, case), t) in runners.iter_mut().zip(cases).zip(&mut times) {
+            let start = Instant::now();
+            runner.run(&case.inputs, &CustomOps::new())?;
+            // Round 0 warms caches and buffers.
+            if round > 0 {
+                t.push(start.elapsed().as_secs_f64());
+            }
+        }
+    }
+    Ok(times.into_iter().map(|t| median(t) * 1e3).collect())
 }
 
 /// W5a and W5b: dense layers with epilogues, against the bare GEMMs of the same shapes.
@@ -459,16 +484,17 @@ fn gemm_epilogues(
     let w5b = dense("x", "w1", "b1", k, n)
         + &format!("%w2 = input() name=\"w2\" : f32[{n}, {k}]\n%b2 = input() name=\"b2\" : f32[{k}]\n")
         + "%h = matmul(%x, %w1)\n%hb = add(%h, %b1)\n%g = gelu_tanh(%hb)\n%o = matmul(%g, %w2)\n%y = add(%o, %b2)\noutput \"y\" = %y\n";
-    let bare1_ms = run_ms(&bare1, cache, runs)?;
+    let cost = kfuse::FusePolicy::Cost;
+    let cases = [&bare1, &w5a, &bare2, &w5b]
+        .iter()
+        .map(|p| prepare(p, &[], cost, cache))
+        .collect::<Result<Vec<_>>>()?;
+    let ms = interleaved_ms(&cases, runs)?;
     let mut rows = Vec::new();
-    for (id, program, bare_ms) in [
-        ("W5a", w5a, bare1_ms),
-        ("W5b", w5b, bare1_ms + run_ms(&bare2, cache, runs)?),
-    ] {
+    for (id, ms, bare_ms) in [("W5a", ms[1], ms[0]), ("W5b", ms[3], ms[0] + ms[2])] {
         if !only.is_empty() && !only.iter().any(|o| o == id) {
             continue;
         }
-        let ms = run_ms(&program, cache, runs)?;
         if !as_json {
             println!(
                 "{id}: {ms:.2} ms, bare GEMM(s) {bare_ms:.2} ms, ratio {:.3}",
@@ -478,32 +504,6 @@ fn gemm_epilogues(
         rows.push(json!({"id": id, "ms": ms, "bare_gemm_ms": bare_ms, "ratio": ms / bare_ms}));
     }
     Ok(json!(rows))
-}
-
-/// Median ms of `program` with the named inputs frozen to constants (weights known at compile
-/// time, so the graph passes can fold them) and `policy`.
-fn frozen_ms(
-    program: &str,
-    frozen: &[(String, Array)],
-    policy: kfuse::FusePolicy,
-    cache: &std::path::Path,
-    runs: usize,
-) -> Result<f64> {
-    let graph = kfuse::opt::freeze(&kfuse::parse(program)?, frozen)?;
-    let inputs = inputs_for(&graph)?;
-    let options = kfuse::Options {
-        policy,
-        cache_dir: cache.to_path_buf(),
-        ..kfuse::Options::default()
-    };
-    let exe = kfuse::compile(&graph, &options, &FixedCostModel::default())?;
-    let mut runner = exe.runner();
-    Ok(time(runs, || {
-        runner
-            .run(&inputs, &CustomOps::new())
-            .map(|_| ())
-            .map_err(Into::into)
-    })? * 1e3)
 }
 
 /// W6a (depthwise-separable block, fused and unfused), W6b (the standard 3x3 convolution of the
@@ -540,12 +540,17 @@ fn conv_workloads(
             ("wd".to_string(), randn(&[64, 1, 3, 3], 0.3)?),
             ("wp".to_string(), randn(&[128, 64, 1, 1], 0.1)?),
         ];
-        let fused = frozen_ms(&block, &frozen, kfuse::FusePolicy::Cost, cache, runs)?;
-        let unfused = frozen_ms(&block, &frozen, kfuse::FusePolicy::None, cache, runs)?;
+        let cost = kfuse::FusePolicy::Cost;
         let standard =
             x + &input("w", &[128, 64, 3, 3]) + &conv("x", "w", "y", 1, 1) + "output \"y\" = %y\n";
         let frozen6b = vec![("w".to_string(), randn(&[128, 64, 3, 3], 0.05)?)];
-        let w6b = frozen_ms(&standard, &frozen6b, kfuse::FusePolicy::Cost, cache, runs)?;
+        let cases = [
+            prepare(&block, &frozen, cost, cache)?,
+            prepare(&block, &frozen, kfuse::FusePolicy::None, cache)?,
+            prepare(&standard, &frozen6b, cost, cache)?,
+        ];
+        let ms = interleaved_ms(&cases, runs)?;
+        let (fused, unfused, w6b) = (ms[0], ms[1], ms[2]);
         if !as_json {
             println!(
                 "W6a: fused {fused:.2} ms, unfused {unfused:.2} ms ({:.2}x); W6b standard 3x3: {w6b:.2} ms ({:.2}x the fused W6a)",
@@ -578,8 +583,13 @@ fn conv_workloads(
             ("gamma".to_string(), randn(&[c, 1, 1], 1.0)?),
             ("beta".to_string(), randn(&[c, 1, 1], 0.1)?),
         ];
-        let bare_ms = frozen_ms(&bare, &[weights], kfuse::FusePolicy::Cost, cache, runs)?;
-        let w7 = frozen_ms(&bn, &frozen, kfuse::FusePolicy::Cost, cache, runs)?;
+        let cost = kfuse::FusePolicy::Cost;
+        let cases = [
+            prepare(&bare, &[weights], cost, cache)?,
+            prepare(&bn, &frozen, cost, cache)?,
+        ];
+        let ms = interleaved_ms(&cases, runs)?;
+        let (bare_ms, w7) = (ms[0], ms[1]);
         if !as_json {
             println!(
                 "W7: conv + batchnorm + relu {w7:.2} ms, bare conv {bare_ms:.2} ms, ratio {:.3}",
