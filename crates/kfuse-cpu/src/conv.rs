@@ -118,13 +118,13 @@ impl<T> Out<T> {
     }
 }
 
-/// What a GEMM's destination starts from.
+/// What a GEMM's destination starts from. Matmul folds its bias in this way; convolutions add
+/// theirs with the ReLU in one pass over each band right after its GEMM, which measured 2–3%
+/// faster on W7 than pre-filling (the pre-filled band is read back by the GEMM).
 #[derive(Clone, Copy)]
 pub(crate) enum Init<'a, T> {
     /// Nothing: the destination is overwritten.
     Zero,
-    /// `bias[i]` in every element of row `i`.
-    RowBias(&'a [T]),
     /// `bias[j]` in every element of column `j`.
     ColumnBias(&'a [T]),
 }
@@ -156,14 +156,6 @@ pub(crate) unsafe fn gemm_into<T: Real>(
         // accumulated onto it.
         let read_dst = match init {
             Init::Zero => false,
-            Init::RowBias(bias) => {
-                for i in 0..m {
-                    for j in 0..n {
-                        *dst.add(i * dst_rs + j * dst_cs) = bias[i];
-                    }
-                }
-                true
-            }
             Init::ColumnBias(bias) => {
                 for i in 0..m {
                     for j in 0..n {
@@ -471,9 +463,6 @@ fn im2col_gemm<T: Real>(
                 match g.layout {
                     Layout::Nchw => {
                         let dst = out.ptr().add(((n * c_out + group * og) * oh + r0) * ow);
-                        let init = bias.map_or(Init::Zero, |b| {
-                            Init::RowBias(&b[group * og..(group + 1) * og])
-                        });
                         gemm_into(
                             og,
                             p,
@@ -487,25 +476,34 @@ fn im2col_gemm<T: Real>(
                             cols,
                             cols_rs,
                             cols_cs,
-                            init,
+                            Init::Zero,
                         );
                     }
                     Layout::Nhwc => {
                         let dst = out.ptr().add((n * oh + r0) * ow * c_out + group * og);
                         // Patches as rows: P x K with k contiguous (or channel-strided).
                         let (lhs_rs, lhs_cs) = (cols_cs, cols_rs);
-                        let init = bias.map_or(Init::Zero, |b| {
-                            Init::ColumnBias(&b[group * og..(group + 1) * og])
-                        });
                         gemm_into(
-                            p, og, k, dst, c_out, 1, cols, lhs_rs, lhs_cs, w_group, 1, k, init,
+                            p,
+                            og,
+                            k,
+                            dst,
+                            c_out,
+                            1,
+                            cols,
+                            lhs_rs,
+                            lhs_cs,
+                            w_group,
+                            1,
+                            k,
+                            Init::Zero,
                         );
                     }
                 }
             }
         }
-        // SAFETY: as above, this band belongs to this task. The bias is already in.
-        unsafe { finish_band(g, out.ptr(), n, r0, r1, None, do_relu) };
+        // SAFETY: as above, this band belongs to this task.
+        unsafe { finish_band(g, out.ptr(), n, r0, r1, bias, do_relu) };
     };
     pool.run(n_images * bands, &job);
 }
@@ -801,7 +799,6 @@ fn separable_typed<T: Real>(
             match g.layout {
                 Layout::Nchw => {
                     let at = dst.ptr().add((n * c_out * oh + r0) * ow);
-                    let init = bias.map_or(Init::Zero, Init::RowBias);
                     gemm_into(
                         c_out,
                         p,
@@ -815,12 +812,11 @@ fn separable_typed<T: Real>(
                         tile.as_ptr(),
                         p,
                         1,
-                        init,
+                        Init::Zero,
                     );
                 }
                 Layout::Nhwc => {
                     let at = dst.ptr().add((n * oh + r0) * ow * c_out);
-                    let init = bias.map_or(Init::Zero, Init::ColumnBias);
                     gemm_into(
                         p,
                         c_out,
@@ -834,11 +830,11 @@ fn separable_typed<T: Real>(
                         wp.as_ptr(),
                         1,
                         c,
-                        init,
+                        Init::Zero,
                     );
                 }
             }
-            finish_band(&out_geometry, dst.ptr(), n, r0, r1, None, epilogue.relu);
+            finish_band(&out_geometry, dst.ptr(), n, r0, r1, bias, epilogue.relu);
         }
     });
     Ok(())
