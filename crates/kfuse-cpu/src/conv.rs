@@ -11,6 +11,9 @@
 
 use kfuse_ir::{Conv2dAttrs, DType, Layout, Storage};
 
+use crate::dense::{gemm_into, relu, Init, Out, Real};
+pub use crate::dense::{Epilogue, View};
+
 use crate::Pool;
 
 /// Bytes of the per-task tile (im2col columns or depthwise output) aimed for: the size of one
@@ -23,178 +26,11 @@ pub fn supported(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F64)
 }
 
-/// A tensor operand: its data and dims, borrowed where it lives (no copy).
-#[derive(Clone, Copy, Debug)]
-pub struct View<'a> {
-    pub storage: &'a Storage,
-    pub dims: &'a [usize],
-}
-
-/// Work applied to each output tile after its GEMM.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Epilogue<'a> {
-    /// One value per output channel, added.
-    pub bias: Option<&'a Storage>,
-    /// Then `max(y, 0)`; NaN stays NaN, as in the IR's `relu`.
-    pub relu: bool,
-}
-
-pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
-    const ZERO: Self;
-    const ONE: Self;
-    const NEG_INFINITY: Self;
-    fn is_nan(self) -> bool;
-    fn is_negative_zero(self) -> bool;
-    fn to_f64(self) -> f64;
-    fn from_f64(value: f64) -> Self;
-    fn add(self, other: Self) -> Self;
-    fn mul(self, other: Self) -> Self;
-    fn slice(storage: &Storage) -> Option<&[Self]>;
-    fn slice_mut(storage: &mut Storage) -> Option<&mut [Self]>;
-}
-
-macro_rules! real {
-    ($t:ty, $variant:ident) => {
-        impl Real for $t {
-            const ZERO: Self = 0.0;
-            const ONE: Self = 1.0;
-            const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
-            fn is_nan(self) -> bool {
-                <$t>::is_nan(self)
-            }
-            fn is_negative_zero(self) -> bool {
-                self == 0.0 && self.is_sign_negative()
-            }
-            fn to_f64(self) -> f64 {
-                self as f64
-            }
-            fn from_f64(value: f64) -> Self {
-                value as $t
-            }
-            fn add(self, other: Self) -> Self {
-                self + other
-            }
-            fn mul(self, other: Self) -> Self {
-                self * other
-            }
-            fn slice(storage: &Storage) -> Option<&[Self]> {
-                match storage {
-                    Storage::$variant(v) => Some(v),
-                    _ => None,
-                }
-            }
-            fn slice_mut(storage: &mut Storage) -> Option<&mut [Self]> {
-                match storage {
-                    Storage::$variant(v) => Some(v),
-                    _ => None,
-                }
-            }
-        }
-    };
-}
-real!(f32, F32);
-real!(f64, F64);
-
 /// Activation dims as `[n, c, h, w]` whatever the layout.
 fn dims(shape: &[usize], layout: Layout) -> [usize; 4] {
     match layout {
         Layout::Nchw => [shape[0], shape[1], shape[2], shape[3]],
         Layout::Nhwc => [shape[0], shape[3], shape[1], shape[2]],
-    }
-}
-
-/// A raw output pointer shared by tasks that write disjoint parts.
-#[derive(Clone, Copy)]
-pub(crate) struct Out<T>(pub(crate) *mut T);
-// SAFETY: tasks write disjoint index ranges; `run` waits for all of them.
-unsafe impl<T> Send for Out<T> {}
-unsafe impl<T> Sync for Out<T> {}
-
-impl<T> Out<T> {
-    /// The pointer. A method, so that closures capture the whole (`Sync`) wrapper rather than
-    /// its raw-pointer field.
-    pub(crate) fn ptr(self) -> *mut T {
-        self.0
-    }
-}
-
-/// What a GEMM's destination starts from. Matmul folds its bias in this way; convolutions add
-/// theirs with the ReLU in one pass over each band right after its GEMM, which measured 2–3%
-/// faster on W7 than pre-filling (the pre-filled band is read back by the GEMM).
-#[derive(Clone, Copy)]
-pub(crate) enum Init<'a, T> {
-    /// Nothing: the destination is overwritten.
-    Zero,
-    /// `bias[j]` in every element of column `j`.
-    ColumnBias(&'a [T]),
-}
-
-/// `dst[m×n] = init + lhs[m×k] @ rhs[k×n]` with arbitrary strides, single-threaded.
-///
-/// # Safety
-/// The pointers must address matrices of these shapes and strides, `dst` not overlapping the
-/// others, and no other thread may touch `dst`'s elements during the call.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm_into<T: Real>(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: *mut T,
-    dst_rs: usize,
-    dst_cs: usize,
-    lhs: *const T,
-    lhs_rs: usize,
-    lhs_cs: usize,
-    rhs: *const T,
-    rhs_rs: usize,
-    rhs_cs: usize,
-    init: Init<T>,
-) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        // The bias is folded into the GEMM: the destination is filled with it and the product is
-        // accumulated onto it.
-        let read_dst = match init {
-            Init::Zero => false,
-            Init::ColumnBias(bias) => {
-                for i in 0..m {
-                    for j in 0..n {
-                        *dst.add(i * dst_rs + j * dst_cs) = bias[j];
-                    }
-                }
-                true
-            }
-        };
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst,
-            dst_cs as isize,
-            dst_rs as isize,
-            read_dst,
-            lhs,
-            lhs_cs as isize,
-            lhs_rs as isize,
-            rhs,
-            rhs_cs as isize,
-            rhs_rs as isize,
-            T::ONE,
-            T::ONE,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
-}
-
-fn relu<T: Real>(v: T) -> T {
-    // `v < 0` is false for NaN, which passes through.
-    if v < T::ZERO {
-        T::ZERO
-    } else {
-        v
     }
 }
 

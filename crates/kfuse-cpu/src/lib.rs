@@ -12,5 +12,6 @@ mod pool;
 pub use launch::{launch, launch_on, storage_ptr, GRAIN};
 pub use pool::Pool;
 pub mod conv;
+pub mod dense;
 pub mod matmul;
 pub mod pooling;

@@ -5,7 +5,7 @@
 
 use kfuse_ir::{DType, Shape, Storage};
 
-use crate::conv::{gemm_into, Epilogue, Init, Out, Real, View};
+use crate::dense::{gemm_into, relu, Epilogue, Init, Out, Real, View};
 use crate::Pool;
 
 /// Whether [`matmul`] handles this operand dtype.
@@ -19,7 +19,7 @@ pub fn supported(dtype: DType) -> bool {
 /// source `[..., K, M]` (or `[..., N, K]`) and read through swapped strides. The epilogue (a
 /// bias per column, ReLU) is applied to each task's rows right after its GEMM. One-row
 /// products take a GEMV path.
-pub fn matmul_ex(
+pub fn matmul(
     a: View,
     b: View,
     transposed: [bool; 2],
@@ -213,25 +213,6 @@ pub fn matmul_ex(
     Ok(())
 }
 
-/// `[..., M, K] @ [..., K, N]` with no transposes and no epilogue.
-pub fn matmul(
-    a: View,
-    b: View,
-    out_dims: &[usize],
-    out: &mut Storage,
-    threads: usize,
-) -> Result<(), String> {
-    matmul_ex(
-        a,
-        b,
-        [false, false],
-        out_dims,
-        out,
-        &Epilogue::default(),
-        threads,
-    )
-}
-
 /// One row times a matrix, `y = bias + x B` with `x` strided by `x_stride` and `B` row-major
 /// K x N: accumulates rows of `B` scaled by `x[k]`, a memory-bound sweep that vectorizes along N.
 ///
@@ -265,22 +246,14 @@ unsafe fn gemv<T: Real>(
 }
 
 /// Adds the per-column bias and applies ReLU to one output row.
-fn finish_row<T: Real>(row: &mut [T], bias: Option<&[T]>, relu: bool) {
-    match (bias, relu) {
+fn finish_row<T: Real>(row: &mut [T], bias: Option<&[T]>, apply_relu: bool) {
+    match (bias, apply_relu) {
         (Some(b), true) => row
             .iter_mut()
             .zip(b)
-            .for_each(|(v, b)| *v = relu_of(v.add(*b))),
+            .for_each(|(v, b)| *v = relu(v.add(*b))),
         (Some(b), false) => row.iter_mut().zip(b).for_each(|(v, b)| *v = v.add(*b)),
-        (None, true) => row.iter_mut().for_each(|v| *v = relu_of(*v)),
+        (None, true) => row.iter_mut().for_each(|v| *v = relu(*v)),
         (None, false) => {}
-    }
-}
-
-fn relu_of<T: Real>(v: T) -> T {
-    if v < T::ZERO {
-        T::ZERO
-    } else {
-        v
     }
 }

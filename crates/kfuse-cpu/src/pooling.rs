@@ -4,7 +4,7 @@
 
 use kfuse_ir::{DType, Layout, Pool2dAttrs, PoolKind, Storage};
 
-use crate::conv::{Out, Real, View};
+use crate::dense::{Out, Real, View};
 use crate::Pool;
 
 /// Whether [`pool2d`] handles this dtype.

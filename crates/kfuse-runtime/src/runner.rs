@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use kfuse_interp::{CustomOps, InterpError};
 use kfuse_ir::{Array, Storage};
-use kfuse_kernel::{Access, Anchor, BufId, BufferKind, Program, Step};
+use kfuse_kernel::{Access, Anchor, BufId, BufferKind, Program, Step, StructuredCall};
 
 use kfuse_cpu::Numerics;
 
@@ -281,56 +281,40 @@ impl<'a> Runner<'a> {
                 }
                 Step::Library {
                     node,
-                    op: kfuse_ir::Op::Conv2d(attrs),
+                    op: op @ (kfuse_ir::Op::Conv2d(_) | kfuse_ir::Op::MatMul),
                     inputs: ins,
                     outputs,
                 } if self.numerics == Numerics::Fast
                     && kfuse_cpu::conv::supported(program.buffer(ins[0]).ty.dtype) =>
                 {
+                    // A bare convolution or matmul: the structured routine with nothing absorbed.
                     stats.library_steps += 1;
-                    let view = |b: BufId| kfuse_cpu::conv::View {
-                        storage: storage_of(b).expect("library inputs are computed first"),
-                        dims: program.buffer(b).ty.shape.dims(),
+                    let anchor = match op {
+                        kfuse_ir::Op::Conv2d(attrs) => Anchor::Conv {
+                            depthwise: None,
+                            conv: attrs.clone(),
+                        },
+                        _ => Anchor::MatMul {
+                            transposed: [None, None],
+                        },
                     };
-                    kfuse_cpu::conv::conv2d(
-                        view(ins[0]),
-                        view(ins[1]),
-                        attrs,
-                        program.buffer(outputs[0]).ty.shape.dims(),
-                        &mut taken[0].1,
-                        &kfuse_cpu::conv::Epilogue::default(),
-                    )
-                    .map_err(|message| RunError::Step {
-                        step: s,
-                        what: format!("node %{node} (conv2d)"),
-                        message,
-                    })
-                }
-                Step::Library {
-                    node,
-                    op: kfuse_ir::Op::MatMul,
-                    inputs: ins,
-                    outputs,
-                } if self.numerics == Numerics::Fast
-                    && kfuse_cpu::matmul::supported(program.buffer(ins[0]).ty.dtype) =>
-                {
-                    stats.library_steps += 1;
-                    let view = |b: BufId| kfuse_cpu::conv::View {
-                        storage: storage_of(b).expect("library inputs are computed first"),
-                        dims: program.buffer(b).ty.shape.dims(),
+                    let call = StructuredCall {
+                        anchor,
+                        bias: false,
+                        relu: false,
                     };
-                    kfuse_cpu::matmul::matmul(
-                        view(ins[0]),
-                        view(ins[1]),
-                        program.buffer(outputs[0]).ty.shape.dims(),
-                        &mut taken[0].1,
-                        kfuse_cpu::Pool::global().threads(),
+                    let view = |i: usize| kfuse_cpu::dense::View {
+                        storage: storage_of(ins[i]).expect("library inputs are computed first"),
+                        dims: program.buffer(ins[i]).ty.shape.dims(),
+                    };
+                    let out_dims = program.buffer(outputs[0]).ty.shape.dims();
+                    fast_structured(&call, &view, ins.len(), out_dims, &mut taken[0].1).map_err(
+                        |message| RunError::Step {
+                            step: s,
+                            what: format!("node %{node} ({})", op.name()),
+                            message,
+                        },
                     )
-                    .map_err(|message| RunError::Step {
-                        step: s,
-                        what: format!("node %{node} (matmul)"),
-                        message,
-                    })
                 }
                 Step::Library {
                     node,
@@ -340,7 +324,7 @@ impl<'a> Runner<'a> {
                 } if kfuse_cpu::pooling::supported(program.buffer(ins[0]).ty.dtype) => {
                     // Bit-identical to the reference, so in both numerics modes.
                     stats.library_steps += 1;
-                    let x = kfuse_cpu::conv::View {
+                    let x = kfuse_cpu::dense::View {
                         storage: storage_of(ins[0]).expect("library inputs are computed first"),
                         dims: program.buffer(ins[0]).ty.shape.dims(),
                     };
@@ -363,7 +347,7 @@ impl<'a> Runner<'a> {
                     outputs,
                 } => {
                     stats.library_steps += 1;
-                    let view = |b: BufId| kfuse_cpu::conv::View {
+                    let view = |b: BufId| kfuse_cpu::dense::View {
                         storage: storage_of(b).expect("structured inputs are computed first"),
                         dims: program.buffer(b).ty.shape.dims(),
                     };
@@ -371,45 +355,14 @@ impl<'a> Runner<'a> {
                     let fast =
                         self.numerics == Numerics::Fast && kfuse_cpu::conv::supported(out_ty.dtype);
                     let result = if fast {
-                        let epilogue = kfuse_cpu::conv::Epilogue {
-                            bias: call.bias.then(|| view(*ins.last().unwrap()).storage),
-                            relu: call.relu,
-                        };
-                        match &call.anchor {
-                            Anchor::Conv {
-                                depthwise: Some((depthwise, middle)),
-                                ..
-                            } => kfuse_cpu::conv::separable(
-                                view(ins[0]),
-                                view(ins[1]),
-                                depthwise,
-                                middle.shape.dims(),
-                                view(ins[2]),
-                                out_ty.shape.dims(),
-                                &mut taken[0].1,
-                                &epilogue,
-                            ),
-                            Anchor::Conv {
-                                depthwise: None,
-                                conv,
-                            } => kfuse_cpu::conv::conv2d(
-                                view(ins[0]),
-                                view(ins[1]),
-                                conv,
-                                out_ty.shape.dims(),
-                                &mut taken[0].1,
-                                &epilogue,
-                            ),
-                            Anchor::MatMul { transposed } => kfuse_cpu::matmul::matmul_ex(
-                                view(ins[0]),
-                                view(ins[1]),
-                                [transposed[0].is_some(), transposed[1].is_some()],
-                                out_ty.shape.dims(),
-                                &mut taken[0].1,
-                                &epilogue,
-                                kfuse_cpu::Pool::global().threads(),
-                            ),
-                        }
+                        let operand = |i: usize| view(ins[i]);
+                        fast_structured(
+                            call,
+                            &operand,
+                            ins.len(),
+                            out_ty.shape.dims(),
+                            &mut taken[0].1,
+                        )
                     } else {
                         let array = |b: BufId| {
                             Array::new(program.buffer(b).ty.shape.clone(), view(b).storage.clone())
@@ -580,4 +533,48 @@ fn reference_structured<'a>(
         y = eval(Op::Unary(UnaryOp::Relu), out_ty, &[&y])?;
     }
     Ok(y)
+}
+
+/// Runs a structured call on the fast routines into `out`. `operand(i)` is input `i` of the
+/// step: the activations or left operand, (the depthwise weights,) the weights or right
+/// operand, then the bias if the call adds one.
+fn fast_structured<'a>(
+    call: &StructuredCall,
+    operand: &dyn Fn(usize) -> kfuse_cpu::dense::View<'a>,
+    n_inputs: usize,
+    out_dims: &[usize],
+    out: &mut Storage,
+) -> Result<(), String> {
+    let epilogue = kfuse_cpu::dense::Epilogue {
+        bias: call.bias.then(|| operand(n_inputs - 1).storage),
+        relu: call.relu,
+    };
+    match &call.anchor {
+        Anchor::Conv {
+            depthwise: Some((depthwise, middle)),
+            ..
+        } => kfuse_cpu::conv::separable(
+            operand(0),
+            operand(1),
+            depthwise,
+            middle.shape.dims(),
+            operand(2),
+            out_dims,
+            out,
+            &epilogue,
+        ),
+        Anchor::Conv {
+            depthwise: None,
+            conv,
+        } => kfuse_cpu::conv::conv2d(operand(0), operand(1), conv, out_dims, out, &epilogue),
+        Anchor::MatMul { transposed } => kfuse_cpu::matmul::matmul(
+            operand(0),
+            operand(1),
+            [transposed[0].is_some(), transposed[1].is_some()],
+            out_dims,
+            out,
+            &epilogue,
+            kfuse_cpu::Pool::global().threads(),
+        ),
+    }
 }
