@@ -131,8 +131,8 @@ pub(crate) unsafe fn gemm_into<T: Real>(
             Init::Zero => false,
             Init::ColumnBias(bias) => {
                 for i in 0..m {
-                    for j in 0..n {
-                        *dst.add(i * dst_rs + j * dst_cs) = bias[j];
+                    for (j, &b) in bias.iter().enumerate().take(n) {
+                        *dst.add(i * dst_rs + j * dst_cs) = b;
                     }
                 }
                 true
