@@ -246,6 +246,8 @@ impl Governor {
         guard.set(Knob::SleepMillisecs, config.sleep_millisecs)?;
         let pages_to_scan = ksm.get(Knob::PagesToScan)?.unwrap_or(100);
         let running = ksm.get(Knob::Run)? == Some(1);
+        // Profit is judged on scans the governor has seen, even if ksmd was already running.
+        let full_scans_at_start = ksm.counters()?.full_scans.unwrap_or(0);
         Ok(Governor {
             config,
             ksm,
@@ -254,7 +256,7 @@ impl Governor {
             previous: None,
             running,
             pages_to_scan,
-            full_scans_at_start: 0,
+            full_scans_at_start,
             stopped_at_mergeable: None,
             cpu_per_page: None,
             cycles: HashMap::new(),
