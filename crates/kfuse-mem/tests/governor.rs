@@ -348,3 +348,18 @@ fn the_governor_converges_faster_than_the_kernel_defaults_at_bounded_cpu() {
     );
     assert_eq!(ksm.settings().unwrap(), before, "every knob is back");
 }
+
+#[test]
+fn scans_before_the_governor_started_do_not_count_against_merging() {
+    let m = Machine::new("running");
+    m.write("ksm/run", "1");
+    // ksmd has run for a while: ten full scans, and no profit yet from the new process.
+    m.counters(500_000, 10, 0, -4096);
+    m.process(100, "fresh", 1000, 64 * 1024, 0);
+    let mut g = governor(&m, GovernorConfig::default());
+    let t0 = Instant::now();
+    assert!(g.tick_at(t0).unwrap().running, "judged on scans it has not watched");
+    m.counters(600_000, 14, 0, -4096);
+    let tick = g.tick_at(t0 + Duration::from_secs(5)).unwrap();
+    assert!(!tick.running, "four scans later it does not pay");
+}
