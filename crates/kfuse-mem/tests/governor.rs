@@ -358,7 +358,10 @@ fn scans_before_the_governor_started_do_not_count_against_merging() {
     m.process(100, "fresh", 1000, 64 * 1024, 0);
     let mut g = governor(&m, GovernorConfig::default());
     let t0 = Instant::now();
-    assert!(g.tick_at(t0).unwrap().running, "judged on scans it has not watched");
+    assert!(
+        g.tick_at(t0).unwrap().running,
+        "judged on scans it has not watched"
+    );
     m.counters(600_000, 14, 0, -4096);
     let tick = g.tick_at(t0 + Duration::from_secs(5)).unwrap();
     assert!(!tick.running, "four scans later it does not pay");

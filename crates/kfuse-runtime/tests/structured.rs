@@ -385,3 +385,67 @@ fn pooling_is_bit_identical_to_the_reference_in_both_modes() {
         }
     }
 }
+
+#[test]
+fn random_convolutions_match_the_reference() {
+    let mut rng = Rng::new(77);
+    let mut checked = 0;
+    for k in 0..80u64 {
+        let pick = |rng: &mut Rng, n: u64| 1 + rng.below(n as usize);
+        let groups = [1, 1, 2, 3][rng.below(4)];
+        let c_in = groups * pick(&mut rng, 3);
+        let depthwise = rng.below(4) == 0;
+        let (groups, c_out) = if depthwise {
+            (c_in, c_in * pick(&mut rng, 2))
+        } else {
+            (groups, groups * pick(&mut rng, 3))
+        };
+        let case = Case {
+            x: [
+                pick(&mut rng, 2),
+                c_in,
+                pick(&mut rng, 9),
+                pick(&mut rng, 9),
+            ],
+            c_out,
+            kernel: [pick(&mut rng, 3), pick(&mut rng, 3)],
+            stride: [pick(&mut rng, 2), pick(&mut rng, 2)],
+            padding: [rng.below(2), rng.below(2), rng.below(3), rng.below(2)],
+            dilation: [pick(&mut rng, 2), pick(&mut rng, 2)],
+            groups,
+        };
+        let layout = if rng.below(2) == 0 { "nchw" } else { "nhwc" };
+        let [n, c, h, w] = case.x;
+        let x_shape = if layout == "nchw" {
+            format!("[{n}, {c}, {h}, {w}]")
+        } else {
+            format!("[{n}, {h}, {w}, {c}]")
+        };
+        let text = format!(
+            "%x = input() name=\"x\" : f32{x_shape}\n\
+             %w = input() name=\"w\" : f32[{}, {}, {}, {}]\n\
+             %y = conv2d(%x, %w) layout={layout} stride={:?} padding={:?} dilation={:?} groups={}\n\
+             output \"y\" = %y\n",
+            case.c_out,
+            c / case.groups,
+            case.kernel[0],
+            case.kernel[1],
+            case.stride,
+            case.padding,
+            case.dilation,
+            case.groups
+        );
+        // A kernel that does not fit the padded input is a type error: skip those draws.
+        let Ok(graph) = parse_graph(&text) else {
+            continue;
+        };
+        let inputs = random_inputs(&graph, 4000 + k);
+        let terms = c / case.groups * case.kernel[0] * case.kernel[1];
+        check(&graph, &inputs, terms, &format!("random conv {k}:\n{text}"));
+        checked += 1;
+    }
+    assert!(
+        checked >= 40,
+        "only {checked} random convolutions were valid"
+    );
+}
