@@ -449,3 +449,70 @@ fn random_convolutions_match_the_reference() {
         "only {checked} random convolutions were valid"
     );
 }
+
+#[test]
+fn random_structured_matmuls_match_the_reference() {
+    let mut rng = Rng::new(91);
+    for k in 0..60u64 {
+        let (m, kk, n) = (1 + rng.below(9), rng.below(12), 1 + rng.below(9));
+        let batch = if rng.below(2) == 0 {
+            "".to_string()
+        } else {
+            format!("{}, ", 1 + rng.below(3))
+        };
+        let (ta, tb) = (rng.below(2) == 0, rng.below(2) == 0);
+        let a_src = if ta {
+            format!("[{batch}{kk}, {m}]")
+        } else {
+            format!("[{batch}{m}, {kk}]")
+        };
+        let b_src = if tb {
+            format!("[{n}, {kk}]")
+        } else {
+            format!("[{kk}, {n}]")
+        };
+        let perm = |rank: usize| {
+            let mut p: Vec<usize> = (0..rank).collect();
+            p.swap(rank - 2, rank - 1);
+            format!("{p:?}")
+        };
+        let a_rank = if batch.is_empty() { 2 } else { 3 };
+        let mut text = format!(
+            "%a = input() name=\"a\" : f32{a_src}\n%b = input() name=\"b\" : f32{b_src}\n%bias = input() name=\"bias\" : f32[{n}]\n"
+        );
+        let a = if ta {
+            text += &format!("%at = permute(%a) perm={}\n", perm(a_rank));
+            "%at"
+        } else {
+            "%a"
+        };
+        let b = if tb {
+            text += &format!("%bt = permute(%b) perm={}\n", perm(2));
+            "%bt"
+        } else {
+            "%b"
+        };
+        text += &format!("%h = matmul({a}, {b})\n%s = add(%h, %bias)\n");
+        let last = if rng.below(2) == 0 {
+            text += "%r = relu(%s)\n";
+            "%r"
+        } else {
+            "%s"
+        };
+        text += &format!("output \"y\" = {last}\n");
+        let graph = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let exe = build(&graph, Numerics::Fast);
+        assert_eq!(
+            exe.program.steps.len(),
+            1,
+            "random matmul {k} is one step:\n{text}"
+        );
+        let inputs = random_inputs(&graph, 5000 + k);
+        check(
+            &graph,
+            &inputs,
+            kk + 1,
+            &format!("random matmul {k}:\n{text}"),
+        );
+    }
+}
