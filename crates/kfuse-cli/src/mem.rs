@@ -289,7 +289,7 @@ fn status_json(s: &Snapshot, r: &Rates) -> serde_json::Value {
         },
         "tracked_pages": tracked_pages(s),
         "full_scan_seconds": full_scan,
-        "time_to_merge_seconds": full_scan.map(|t| 2.0 * t),
+        "time_to_merge_seconds": full_scan.map(|t| kfuse_mem::governor::VISITS_TO_MERGE as f64 * t),
         "processes": s.processes.iter().map(|p| json!({
             "pid": p.pid, "name": p.name, "uid": p.uid,
             "rmap_items": p.rmap_items, "merging_pages": p.merging_pages,
@@ -504,12 +504,17 @@ fn status_text(s: &Snapshot, r: &Rates) -> String {
         r.ksmd_cpu_fraction
             .map_or("n/a".into(), |f| format!("{:.1}%", 100.0 * f)),
     );
-    out += &format!(
-        "  merging     {} tracked pages: a full scan takes {} at this rate, a new duplicate merges within {}\n",
-        tracked_pages(s),
-        configured_scan_seconds(s).map_or("n/a".into(), |t| format!("{t:.1} s")),
-        configured_scan_seconds(s).map_or("n/a".into(), |t| format!("{:.1} s", 2.0 * t)),
-    );
+    let visits = kfuse_mem::governor::VISITS_TO_MERGE as f64;
+    if tracked_pages(s) == 0 {
+        out += "  merging     no pages tracked by ksmd\n";
+    } else {
+        out += &format!(
+            "  merging     {} tracked pages: a full scan takes {} at this rate, a new duplicate merges within {}\n",
+            tracked_pages(s),
+            configured_scan_seconds(s).map_or("n/a".into(), |t| format!("{t:.1} s")),
+            configured_scan_seconds(s).map_or("n/a".into(), |t| format!("{:.1} s", visits * t)),
+        );
+    }
     out += &format!(
         "  churn       {} COW faults/s on merged pages; {} volatile pages; {} unshared\n",
         r.cow_per_second.map_or("n/a".into(), |v| format!("{v:.0}")),
