@@ -156,7 +156,7 @@ pub fn partition(graph: &Graph, policy: FusePolicy, cost: &dyn CostModel) -> Par
             for v in &node.operands {
                 if !grouped.contains_key(&v.node) || grouped[&v.node] != g {
                     stored.entry(v.node).or_insert_with(|| {
-                        format!("read by the convolution kernel of %{}", group.anchor.0)
+                        format!("read by the structured kernel of %{}", group.anchor.0)
                     });
                 }
             }
