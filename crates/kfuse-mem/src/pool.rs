@@ -235,16 +235,9 @@ impl Pool {
         }
         // Fresh chunks: one sealed segment, then the slots point into it.
         if !fresh.is_empty() {
-            let segment = self.add_segment(&fresh_bytes, fresh.len())?;
-            for (n, (slot_index, hash)) in fresh.iter().enumerate() {
-                let id = self.chunks.len();
-                self.chunks.push(Some(Chunk {
-                    segment,
-                    offset: (n * page) as u64,
-                    hash: *hash,
-                    holders: 0,
-                }));
-                self.index.insert(*hash, id);
+            let hashes: Vec<u128> = fresh.iter().map(|(_, h)| *h).collect();
+            let ids = self.add_segment(&fresh_bytes, &hashes)?;
+            for (&id, (slot_index, hash)) in ids.iter().zip(&fresh) {
                 if let Some(holder) = self.pending.remove(hash) {
                     // The entry holding it privately now holds the pooled chunk; its mapping
                     // switches over on `refresh`.
@@ -299,7 +292,8 @@ impl Pool {
         Ok(stored == chunk)
     }
 
-    fn add_segment(&mut self, bytes: &[u8], chunks: usize) -> Result<usize, MemError> {
+    /// Writes `bytes` (one page per hash) into a new sealed segment and indexes its chunks.
+    fn add_segment(&mut self, bytes: &[u8], hashes: &[u128]) -> Result<Vec<ChunkId>, MemError> {
         let os = |what: &str| {
             let what = what.to_string();
             move |e| MemError::Os(what, e)
@@ -312,9 +306,23 @@ impl Pool {
         self.segments.push(Some(Segment {
             file,
             bytes: bytes.len(),
-            live_chunks: chunks,
+            live_chunks: hashes.len(),
         }));
-        Ok(self.segments.len() - 1)
+        let segment = self.segments.len() - 1;
+        let page = sys::page_size() as u64;
+        let mut ids = Vec::with_capacity(hashes.len());
+        for (n, &hash) in hashes.iter().enumerate() {
+            let id = self.chunks.len();
+            self.chunks.push(Some(Chunk {
+                segment,
+                offset: n as u64 * page,
+                hash,
+                holders: 0,
+            }));
+            self.index.insert(hash, id);
+            ids.push(id);
+        }
+        Ok(ids)
     }
 
     /// Maps an entry: runs of pooled chunks that are adjacent in one segment become one private
@@ -449,16 +457,9 @@ impl Pool {
             }
         }
         if !fresh.is_empty() {
-            let segment = self.add_segment(&fresh_bytes, fresh.len())?;
-            for (n, (_, hash)) in fresh.iter().enumerate() {
-                let id = self.chunks.len();
-                self.chunks.push(Some(Chunk {
-                    segment,
-                    offset: (n * page) as u64,
-                    hash: *hash,
-                    holders: 0,
-                }));
-                self.index.insert(*hash, id);
+            let hashes: Vec<u128> = fresh.iter().map(|(_, h)| *h).collect();
+            self.add_segment(&fresh_bytes, &hashes)?;
+            for hash in &hashes {
                 self.pending.remove(hash);
             }
             let entry = self.entries.get_mut(&name).unwrap();
