@@ -18,6 +18,7 @@
 
 use kfuse_ir::{Array, BinaryOp, DType, Graph, Layout, NodeId, Op, TensorType, Value};
 
+use crate::rewrite::Rewriter;
 use crate::{OptError, Pass, PassReport};
 
 /// The affine-folding pass.
@@ -201,48 +202,28 @@ impl Pass for FoldAffine {
         if chains.is_empty() {
             return Ok(None);
         }
-        let invalid = |error| OptError::Invalid {
-            pass: "fold-affine",
-            error,
-        };
-        let mut out = Graph::new();
-        let mut map: Vec<Option<Value>> = vec![None; graph.nodes().len()];
-        let moved = |map: &[Option<Value>], v: Value| -> Value {
-            let m = map[v.node.index()].expect("operands are mapped before use");
-            Value {
-                node: m.node,
-                result: v.result,
-            }
-        };
+        let mut out = Rewriter::new(self.name(), graph);
         for id in graph.node_ids() {
             if let Some(chain) = chains.iter().find(|c| c.nodes.last() == Some(&id)) {
                 let anchor = graph.node(chain.anchor);
-                let weights = out
-                    .add(
+                let weights = out.add(
+                    Op::Constant {
+                        value: scaled_weights(graph, chain),
+                    },
+                    Vec::new(),
+                )?;
+                let x = out.moved(anchor.operands[0]);
+                let mut y = out.add(anchor.op.clone(), vec![x, weights])?;
+                if chain.shift.iter().any(|t| *t != 0.0) {
+                    let shift = out.add(
                         Op::Constant {
-                            value: scaled_weights(graph, chain),
+                            value: shift_constant(graph, chain),
                         },
                         Vec::new(),
-                    )
-                    .map_err(invalid)?;
-                let x = moved(&map, anchor.operands[0]);
-                let mut y = out
-                    .add(anchor.op.clone(), vec![x, weights])
-                    .map_err(invalid)?;
-                if chain.shift.iter().any(|t| *t != 0.0) {
-                    let shift = out
-                        .add(
-                            Op::Constant {
-                                value: shift_constant(graph, chain),
-                            },
-                            Vec::new(),
-                        )
-                        .map_err(invalid)?;
-                    y = out
-                        .add(Op::Binary(BinaryOp::Add), vec![y, shift])
-                        .map_err(invalid)?;
+                    )?;
+                    y = out.add(Op::Binary(BinaryOp::Add), vec![y, shift])?;
                 }
-                map[id.index()] = Some(y);
+                out.replace(id, y);
                 let folded: Vec<String> = chain
                     .nodes
                     .iter()
@@ -259,18 +240,10 @@ impl Pass for FoldAffine {
             let absorbed = chains
                 .iter()
                 .any(|c| c.anchor == id || c.nodes.contains(&id));
-            if absorbed {
-                continue;
+            if !absorbed {
+                out.copy(id)?;
             }
-            let node = graph.node(id);
-            let operands = node.operands.iter().map(|v| moved(&map, *v)).collect();
-            let new_id = out.add_node(node.op.clone(), operands).map_err(invalid)?;
-            map[id.index()] = Some(Value::of(new_id));
         }
-        for o in graph.outputs() {
-            out.add_output(o.name.clone(), moved(&map, o.value))
-                .map_err(invalid)?;
-        }
-        Ok(Some(out))
+        out.finish().map(Some)
     }
 }

@@ -129,56 +129,76 @@ impl Pass for ConstantFold {
     }
 
     fn run(&self, graph: &Graph, report: &mut PassReport) -> Result<Option<Graph>, OptError> {
+        let mut out = rewrite::Rewriter::new(self.name(), graph);
+        let mut changed = false;
+        for id in graph.node_ids() {
+            match self.fold(graph, &out, id, report) {
+                Some(value) => {
+                    let constant = out.add(Op::Constant { value }, Vec::new())?;
+                    out.replace(id, constant);
+                    changed = true;
+                }
+                None => out.copy(id)?,
+            }
+        }
+        if changed {
+            out.finish().map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+impl ConstantFold {
+    /// The value of old node `id` if it folds: every operand is a constant in the graph being
+    /// built, and the fold stays within the size and work bounds.
+    fn fold(
+        &self,
+        graph: &Graph,
+        out: &rewrite::Rewriter,
+        id: kfuse_ir::NodeId,
+        report: &mut PassReport,
+    ) -> Option<Array> {
+        let node = graph.node(id);
+        let foldable = !matches!(
+            node.op,
+            Op::Input { .. } | Op::Constant { .. } | Op::Rng { .. } | Op::Custom { .. }
+        ) && node.types.len() == 1
+            && node.types[0].shape.n_elems() <= self.max_elems
+            && !node.operands.is_empty();
+        if !foldable {
+            return None;
+        }
+        let mut values: Vec<&Array> = Vec::new();
+        for v in &node.operands {
+            match out.new_op(*v) {
+                Op::Constant { value } => values.push(value),
+                _ => return None,
+            }
+        }
+        // Never grow data: a broadcast of a constant is cheaper computed than read.
+        let largest = values.iter().map(|v| v.n_elems()).max().unwrap_or(0);
+        let out_elems = node.types[0].shape.n_elems();
+        if out_elems > largest.max(1) {
+            return None;
+        }
+        // Nor spend long compiling: the interpreter folds at about 10^8 multiply-adds a
+        // second, so products of constants larger than this wait for run time.
+        let work = match node.op {
+            Op::MatMul => out_elems * values[0].shape().dims().last().copied().unwrap_or(1),
+            Op::Conv2d(_) => out_elems * (values[1].n_elems() / values[1].shape().dims()[0].max(1)),
+            _ => out_elems,
+        };
+        if work > self.max_work {
+            return None;
+        }
         let custom = kfuse_interp::CustomOps::new();
-        rewrite::rebuild(self.name(), graph, |new, id, operands| {
-            let node = graph.node(id);
-            let foldable = !matches!(
-                node.op,
-                Op::Input { .. } | Op::Constant { .. } | Op::Rng { .. } | Op::Custom { .. }
-            ) && node.types.len() == 1
-                && node.types[0].shape.n_elems() <= self.max_elems
-                && !node.operands.is_empty();
-            if !foldable {
-                return Ok(None);
-            }
-            let mut values: Vec<&Array> = Vec::new();
-            for v in operands {
-                match &new.node(v.node).op {
-                    Op::Constant { value } => values.push(value),
-                    _ => return Ok(None),
-                }
-            }
-            // Never grow data: a broadcast of a constant is cheaper computed than read.
-            let largest = values.iter().map(|v| v.n_elems()).max().unwrap_or(0);
-            let out_elems = node.types[0].shape.n_elems();
-            if out_elems > largest.max(1) {
-                return Ok(None);
-            }
-            // Nor spend long compiling: the interpreter folds at about 10^8 multiply-adds a
-            // second, so products of constants larger than this wait for run time.
-            let work = match node.op {
-                Op::MatMul => out_elems * values[0].shape().dims().last().copied().unwrap_or(1),
-                Op::Conv2d(_) => {
-                    out_elems * (values[1].n_elems() / values[1].shape().dims()[0].max(1))
-                }
-                _ => out_elems,
-            };
-            if work > self.max_work {
-                return Ok(None);
-            }
-            match kfuse_interp::eval_op(&node.op, &node.types, &values, &custom) {
-                Ok(mut results) => {
-                    report
-                        .notes
-                        .push(format!("%{} {} folded to a constant", id.0, node.op.name()));
-                    Ok(Some(Op::Constant {
-                        value: results.remove(0),
-                    }))
-                }
-                // An op that fails on these constants fails at run time too: leave it there.
-                Err(_) => Ok(None),
-            }
-        })
+        // An op that fails on these constants fails at run time too: it stays.
+        let mut results = kfuse_interp::eval_op(&node.op, &node.types, &values, &custom).ok()?;
+        report
+            .notes
+            .push(format!("%{} {} folded to a constant", id.0, node.op.name()));
+        Some(results.remove(0))
     }
 }
 
@@ -224,12 +244,11 @@ impl Pass for DeadCode {
         report
             .notes
             .push(format!("{dropped} unused node(s) removed"));
-        rewrite::keep(graph, &needed)
-            .map(Some)
-            .map_err(|error| OptError::Invalid {
-                pass: self.name(),
-                error,
-            })
+        let mut out = rewrite::Rewriter::new(self.name(), graph);
+        for id in graph.node_ids().filter(|id| needed[id.index()]) {
+            out.copy(id)?;
+        }
+        out.finish().map(Some)
     }
 }
 

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 
 use kfuse_ir::{Array, Graph, NodeId, Op, Value};
 
+use crate::rewrite::Rewriter;
 use crate::{OptError, Pass, PassReport};
 
 /// The dot-merging pass.
@@ -107,19 +108,7 @@ impl Pass for MergeDots {
         if groups.is_empty() {
             return Ok(None);
         }
-        let invalid = |error| OptError::Invalid {
-            pass: "merge-dots",
-            error,
-        };
-        let mut out = Graph::new();
-        let mut map: Vec<Option<Value>> = vec![None; graph.nodes().len()];
-        let moved = |map: &[Option<Value>], v: Value| -> Value {
-            let m = map[v.node.index()].expect("operands are mapped before use");
-            Value {
-                node: m.node,
-                result: v.result,
-            }
-        };
+        let mut out = Rewriter::new(self.name(), graph);
         for id in graph.node_ids() {
             if let Some(group) = groups.iter().find(|g| g[0] == id) {
                 // The merged matmul goes where the first of the group was: every member's left
@@ -128,36 +117,28 @@ impl Pass for MergeDots {
                     .iter()
                     .map(|&m| constant_rhs(graph, m).expect("grouped"))
                     .collect();
-                let weights = out
-                    .add(
-                        Op::Constant {
-                            value: concat_columns(&parts),
-                        },
-                        Vec::new(),
-                    )
-                    .map_err(invalid)?;
-                let x = moved(&map, graph.node(id).operands[0]);
-                let merged = out.add(Op::MatMul, vec![x, weights]).map_err(invalid)?;
-                let rank = out.ty(merged).shape.rank();
+                let weights = out.add(
+                    Op::Constant {
+                        value: concat_columns(&parts),
+                    },
+                    Vec::new(),
+                )?;
+                let lhs = graph.node(id).operands[0];
+                let merged = out.add(Op::MatMul, vec![out.moved(lhs), weights])?;
+                // The merged product has the first member's shape, wider along the last axis.
+                let mut dims = graph.node(id).types[0].shape.dims().to_vec();
+                let rank = dims.len();
+                dims[rank - 1] = parts.iter().map(|p| p.shape().dims()[1]).sum();
                 let mut at = 0;
                 for (&member, part) in group.iter().zip(&parts) {
                     let width = part.shape().dims()[1];
-                    let dims = out.ty(merged).shape.dims().to_vec();
                     let mut start = vec![0; rank];
                     let mut stop = dims.clone();
                     start[rank - 1] = at;
                     stop[rank - 1] = at + width;
-                    let slice = out
-                        .add(
-                            Op::Slice {
-                                start,
-                                stop,
-                                step: vec![1; rank],
-                            },
-                            vec![merged],
-                        )
-                        .map_err(invalid)?;
-                    map[member.index()] = Some(slice);
+                    let step = vec![1; rank];
+                    let slice = out.add(Op::Slice { start, stop, step }, vec![merged])?;
+                    out.replace(member, slice);
                     at += width;
                 }
                 report.notes.push(format!(
@@ -167,22 +148,14 @@ impl Pass for MergeDots {
                         .map(|n| format!("%{}", n.0))
                         .collect::<Vec<_>>()
                         .join(", "),
-                    graph.node(id).operands[0].node.0
+                    lhs.node.0
                 ));
                 continue;
             }
-            if groups.iter().any(|g| g.contains(&id)) {
-                continue;
+            if !groups.iter().any(|g| g.contains(&id)) {
+                out.copy(id)?;
             }
-            let node = graph.node(id);
-            let operands = node.operands.iter().map(|v| moved(&map, *v)).collect();
-            let new_id = out.add_node(node.op.clone(), operands).map_err(invalid)?;
-            map[id.index()] = Some(Value::of(new_id));
         }
-        for o in graph.outputs() {
-            out.add_output(o.name.clone(), moved(&map, o.value))
-                .map_err(invalid)?;
-        }
-        Ok(Some(out))
+        out.finish().map(Some)
     }
 }

@@ -1,71 +1,83 @@
-//! Rebuilding a graph node by node with some nodes replaced.
+//! Rebuilding a graph node by node: the one mechanism every pass uses to copy, replace and drop
+//! nodes.
 
 use kfuse_ir::{Graph, IrError, NodeId, Op, Value};
 
 use crate::OptError;
 
-/// Copies `graph` in order. For each node, `replace(new_graph, old_id, mapped_operands)` may
-/// return an op to add in its place (with no operands, such as a constant); otherwise the node
-/// is copied. Returns `None` if nothing was replaced.
-pub fn rebuild(
+/// Builds a new graph from an old one node by node: a pass copies the nodes it keeps, adds
+/// replacements for the ones it rewrites, and maps each old result to its new value.
+pub struct Rewriter<'g> {
     pass: &'static str,
-    graph: &Graph,
-    mut replace: impl FnMut(&Graph, NodeId, &[Value]) -> Result<Option<Op>, OptError>,
-) -> Result<Option<Graph>, OptError> {
-    let invalid = |error: IrError| OptError::Invalid { pass, error };
-    let mut out = Graph::new();
-    let mut map: Vec<NodeId> = Vec::with_capacity(graph.nodes().len());
-    let mut changed = false;
-    for id in graph.node_ids() {
-        let node = graph.node(id);
-        let operands: Vec<Value> = node
-            .operands
-            .iter()
-            .map(|v| Value {
-                node: map[v.node.index()],
-                result: v.result,
-            })
-            .collect();
-        let new_id = match replace(&out, id, &operands)? {
-            Some(op) => {
-                changed = true;
-                out.add_node(op, Vec::new()).map_err(invalid)?
-            }
-            None => out.add_node(node.op.clone(), operands).map_err(invalid)?,
-        };
-        map.push(new_id);
-    }
-    if !changed {
-        return Ok(None);
-    }
-    for o in graph.outputs() {
-        out.add_output(
-            o.name.clone(),
-            Value {
-                node: map[o.value.node.index()],
-                result: o.value.result,
-            },
-        )
-        .map_err(invalid)?;
-    }
-    Ok(Some(out))
+    graph: &'g Graph,
+    out: Graph,
+    map: Vec<Option<Value>>,
 }
 
-/// The nodes of `graph` marked in `keep`, in order, with the outputs (which must be kept).
-pub fn keep(graph: &Graph, keep: &[bool]) -> Result<Graph, IrError> {
-    let mut out = Graph::new();
-    let mut map = vec![NodeId(u32::MAX); keep.len()];
-    let moved = |map: &[NodeId], v: Value| Value {
-        node: map[v.node.index()],
-        result: v.result,
-    };
-    for id in graph.node_ids().filter(|id| keep[id.index()]) {
-        let node = graph.node(id);
-        let operands = node.operands.iter().map(|v| moved(&map, *v)).collect();
-        map[id.index()] = out.add_node(node.op.clone(), operands)?;
+impl<'g> Rewriter<'g> {
+    pub fn new(pass: &'static str, graph: &'g Graph) -> Rewriter<'g> {
+        Rewriter {
+            pass,
+            graph,
+            out: Graph::new(),
+            map: vec![None; graph.nodes().len()],
+        }
     }
-    for o in graph.outputs() {
-        out.add_output(o.name.clone(), moved(&map, o.value))?;
+
+    fn invalid(&self, error: IrError) -> OptError {
+        OptError::Invalid {
+            pass: self.pass,
+            error,
+        }
     }
-    Ok(out)
+
+    /// The new value of an old one (whose node was copied or replaced already).
+    pub fn moved(&self, v: Value) -> Value {
+        let m = self.map[v.node.index()].expect("operands are mapped before use");
+        Value {
+            node: m.node,
+            result: v.result,
+        }
+    }
+
+    /// The op that now computes old value `v` (a constant, for instance, once folded).
+    pub fn new_op(&self, v: Value) -> &Op {
+        &self.out.node(self.moved(v).node).op
+    }
+
+    /// Adds a new node.
+    pub fn add(&mut self, op: Op, operands: Vec<Value>) -> Result<Value, OptError> {
+        self.out.add(op, operands).map_err(|e| self.invalid(e))
+    }
+
+    /// Copies old node `id` with its operands mapped.
+    pub fn copy(&mut self, id: NodeId) -> Result<(), OptError> {
+        let node = self.graph.node(id);
+        let operands = node.operands.iter().map(|v| self.moved(*v)).collect();
+        let new_id = self
+            .out
+            .add_node(node.op.clone(), operands)
+            .map_err(|e| self.invalid(e))?;
+        self.map[id.index()] = Some(Value::of(new_id));
+        Ok(())
+    }
+
+    /// Records that old node `id`'s result is now `value`.
+    pub fn replace(&mut self, id: NodeId, value: Value) {
+        self.map[id.index()] = Some(value);
+    }
+
+    /// The new graph, with the old graph's outputs mapped.
+    pub fn finish(mut self) -> Result<Graph, OptError> {
+        for o in self.graph.outputs() {
+            let v = self.moved(o.value);
+            self.out
+                .add_output(o.name.clone(), v)
+                .map_err(|e| OptError::Invalid {
+                    pass: self.pass,
+                    error: e,
+                })?;
+        }
+        Ok(self.out)
+    }
 }
