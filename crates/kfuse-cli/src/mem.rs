@@ -418,41 +418,29 @@ fn status_prometheus(s: &Snapshot, r: &Rates) -> String {
     for (knob, value) in &s.settings {
         e.sample("kfuse_ksm_knob", &[("knob", knob.file())], *value as f64);
     }
-    e.family(
-        "kfuse_ksm_process_merging_pages",
-        "gauge",
-        "Pages of a process mapping KSM pages",
-    );
-    for p in &s.processes {
-        let (pid, uid) = (p.pid.to_string(), p.uid.to_string());
-        let labels = [
-            ("pid", pid.as_str()),
-            ("name", p.name.as_str()),
-            ("uid", uid.as_str()),
-        ];
-        e.sample(
+    let per_process: [(&str, &str, fn(&ProcessKsm) -> f64); 2] = [
+        (
             "kfuse_ksm_process_merging_pages",
-            &labels,
-            p.merging_pages as f64,
-        );
-    }
-    e.family(
-        "kfuse_ksm_process_profit_bytes",
-        "gauge",
-        "A process's saving net of its rmap cost",
-    );
-    for p in &s.processes {
-        let (pid, uid) = (p.pid.to_string(), p.uid.to_string());
-        let labels = [
-            ("pid", pid.as_str()),
-            ("name", p.name.as_str()),
-            ("uid", uid.as_str()),
-        ];
-        e.sample(
+            "Pages of a process mapping KSM pages",
+            |p| p.merging_pages as f64,
+        ),
+        (
             "kfuse_ksm_process_profit_bytes",
-            &labels,
-            p.profit_bytes as f64,
-        );
+            "A process's saving net of its rmap cost",
+            |p| p.profit_bytes as f64,
+        ),
+    ];
+    for (name, help, value) in per_process {
+        e.family(name, "gauge", help);
+        for p in &s.processes {
+            let (pid, uid) = (p.pid.to_string(), p.uid.to_string());
+            let labels = [
+                ("pid", pid.as_str()),
+                ("name", p.name.as_str()),
+                ("uid", uid.as_str()),
+            ];
+            e.sample(name, &labels, value(p));
+        }
     }
     e.finish()
 }
