@@ -46,20 +46,7 @@ fn passes() {
 }
 
 fn random_inputs(graph: &Graph, seed: u64) -> Vec<(String, Array)> {
-    let mut rng = Rng::new(seed);
-    graph
-        .inputs()
-        .map(|(_, name, ty)| {
-            let values: Vec<f64> = (0..ty.shape.n_elems())
-                .map(|_| (rng.below(2001) as f64 - 1000.0) / 500.0)
-                .collect();
-            let array = Array::from_vec(ty.shape.dims().to_vec(), values).unwrap();
-            (
-                name.to_string(),
-                kfuse_interp::elementwise::cast(&array, ty.dtype),
-            )
-        })
-        .collect()
+    kfuse_testkit::grid_inputs(graph, seed, 2.0, 500)
 }
 
 /// A constant of `n` values in `[lo, hi)`, as text.

@@ -23,20 +23,7 @@ fn build(graph: &Graph, numerics: Numerics) -> Executable {
 }
 
 fn random_inputs(graph: &Graph, seed: u64) -> Vec<(String, Array)> {
-    let mut rng = Rng::new(seed);
-    graph
-        .inputs()
-        .map(|(_, name, ty)| {
-            let values: Vec<f64> = (0..ty.shape.n_elems())
-                .map(|_| (rng.below(2001) as f64 - 1000.0) / 250.0)
-                .collect();
-            let array = Array::from_vec(ty.shape.dims().to_vec(), values).unwrap();
-            (
-                name.to_string(),
-                kfuse_interp::elementwise::cast(&array, ty.dtype),
-            )
-        })
-        .collect()
+    kfuse_testkit::grid_inputs(graph, seed, 4.0, 250)
 }
 
 fn abs_inputs(inputs: &[(String, Array)]) -> Vec<(String, Array)> {

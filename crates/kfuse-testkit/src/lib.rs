@@ -81,6 +81,42 @@ pub fn random_array(rng: &mut Rng, ty: &TensorType) -> Array {
     Array::new(ty.shape.clone(), storage).expect("random array fills its shape")
 }
 
+/// Arrays for every input of `graph`, drawn from the grid `{k / steps : |k| <= limit * steps}`:
+/// finite, no edge values. For tests that compare sums taken in different orders, where the
+/// magnitudes must stay tame.
+pub fn grid_inputs(graph: &Graph, seed: u64, limit: f64, steps: u32) -> Vec<(String, Array)> {
+    let mut rng = Rng::new(seed);
+    let span = (limit * steps as f64) as usize;
+    graph
+        .inputs()
+        .map(|(_, name, ty)| {
+            let n = ty.shape.n_elems();
+            let values: Vec<f64> = (0..n)
+                .map(|_| (rng.below(2 * span + 1) as f64 - span as f64) / steps as f64)
+                .collect();
+            let storage = match ty.dtype {
+                DType::F32 => Storage::F32(values.iter().map(|&v| v as f32).collect()),
+                DType::F64 => Storage::F64(values),
+                DType::F16 => {
+                    Storage::F16(values.iter().map(|&v| kfuse_ir::f16::from_f64(v)).collect())
+                }
+                DType::BF16 => Storage::BF16(
+                    values
+                        .iter()
+                        .map(|&v| kfuse_ir::bf16::from_f64(v))
+                        .collect(),
+                ),
+                DType::I32 => Storage::I32(values.iter().map(|&v| v.round() as i32).collect()),
+                DType::I64 => Storage::I64(values.iter().map(|&v| v.round() as i64).collect()),
+                DType::U8 => Storage::U8(values.iter().map(|&v| v.abs().round() as u8).collect()),
+                DType::Bool => Storage::Bool(values.iter().map(|&v| v > 0.0).collect()),
+            };
+            let array = Array::new(ty.shape.clone(), storage).expect("grid array fills its shape");
+            (name.to_string(), array)
+        })
+        .collect()
+}
+
 fn int_value(rng: &mut Rng) -> i64 {
     match rng.below(8) {
         0 => i64::MIN,
