@@ -984,6 +984,15 @@ fn demo_pool(workers: usize, mib_each: usize) -> Result<()> {
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777))?;
     }
     listener.set_nonblocking(true)?;
+    // Every worker asks the pool for the same weights.
+    let pool_worker_args = vec![
+        "--mib".to_string(),
+        mib_each.to_string(),
+        "--seed".into(),
+        "1".into(),
+        "--pool".into(),
+        socket.display().to_string(),
+    ];
     // Serve each worker as it connects, checking its domain.
     let server = std::thread::scope(|scope| -> Result<Workers> {
         let pool = &pool;
@@ -995,15 +1004,7 @@ fn demo_pool(workers: usize, mib_each: usize) -> Result<()> {
             }
             Ok(())
         });
-        let args = vec![
-            "--mib".to_string(),
-            mib_each.to_string(),
-            "--seed".into(),
-            "1".into(),
-            "--pool".into(),
-            socket.display().to_string(),
-        ];
-        let team = Workers::start(workers, &args, None);
+        let team = Workers::start(workers, &pool_worker_args, None);
         serving.join().expect("the pool server thread")?;
         team
     })?;
@@ -1036,15 +1037,7 @@ fn demo_pool(workers: usize, mib_each: usize) -> Result<()> {
                 let _ = pool.serve(&stream, "weights");
                 Ok(())
             });
-            let args = vec![
-                "--mib".to_string(),
-                mib_each.to_string(),
-                "--seed".into(),
-                "1".into(),
-                "--pool".into(),
-                socket.display().to_string(),
-            ];
-            let result = Workers::start(1, &args, Some(65534));
+            let result = Workers::start(1, &pool_worker_args, Some(65534));
             let _ = serving.join();
             result
         });

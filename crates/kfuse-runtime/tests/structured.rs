@@ -98,13 +98,19 @@ struct Case {
 }
 
 fn conv_program(case: &Case, layout: &str, dtype: &str) -> Graph {
+    let text = conv_text(case, layout, dtype);
+    parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+/// The text of a program that convolves input `x` with weights `w`.
+fn conv_text(case: &Case, layout: &str, dtype: &str) -> String {
     let [n, c, h, w] = case.x;
     let x_shape = if layout == "nchw" {
         format!("[{n}, {c}, {h}, {w}]")
     } else {
         format!("[{n}, {h}, {w}, {c}]")
     };
-    let text = format!(
+    format!(
         "%x = input() name=\"x\" : {dtype}{x_shape}\n\
          %w = input() name=\"w\" : {dtype}[{}, {}, {}, {}]\n\
          %y = conv2d(%x, %w) layout={layout} stride={:?} padding={:?} dilation={:?} groups={}\n\
@@ -117,8 +123,7 @@ fn conv_program(case: &Case, layout: &str, dtype: &str) -> Graph {
         case.padding,
         case.dilation,
         case.groups
-    );
-    parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+    )
 }
 
 fn cases() -> Vec<Case> {
@@ -402,26 +407,8 @@ fn random_convolutions_match_the_reference() {
             groups,
         };
         let layout = if rng.below(2) == 0 { "nchw" } else { "nhwc" };
-        let [n, c, h, w] = case.x;
-        let x_shape = if layout == "nchw" {
-            format!("[{n}, {c}, {h}, {w}]")
-        } else {
-            format!("[{n}, {h}, {w}, {c}]")
-        };
-        let text = format!(
-            "%x = input() name=\"x\" : f32{x_shape}\n\
-             %w = input() name=\"w\" : f32[{}, {}, {}, {}]\n\
-             %y = conv2d(%x, %w) layout={layout} stride={:?} padding={:?} dilation={:?} groups={}\n\
-             output \"y\" = %y\n",
-            case.c_out,
-            c / case.groups,
-            case.kernel[0],
-            case.kernel[1],
-            case.stride,
-            case.padding,
-            case.dilation,
-            case.groups
-        );
+        let text = conv_text(&case, layout, "f32");
+        let c = case.x[1];
         // A kernel that does not fit the padded input is a type error: skip those draws.
         let Ok(graph) = parse_graph(&text) else {
             continue;
