@@ -150,8 +150,13 @@ impl Procfs {
     /// One process's KSM figures; `Ok(None)` if it has exited or hides them.
     pub fn ksm(&self, pid: u32) -> Result<Option<ProcessKsm>, MemError> {
         let dir = self.dir(pid);
-        let Some(stat) = read_optional(&dir.join("ksm_stat"))? else {
-            return Ok(None);
+        // `ksm_stat` came in 6.1; before it (5.19, 6.0) only `ksm_merging_pages` exists.
+        let stat = match read_optional(&dir.join("ksm_stat"))? {
+            Some(stat) => stat,
+            None => match read_optional(&dir.join("ksm_merging_pages"))? {
+                Some(pages) => format!("ksm_merging_pages {}", pages.trim()),
+                None => return Ok(None),
+            },
         };
         let Some(status) = read_optional(&dir.join("status"))? else {
             return Ok(None);

@@ -272,3 +272,19 @@ fn the_guard_restores_the_real_knobs() {
     }
     assert_eq!(ksm.settings().unwrap(), before);
 }
+
+#[test]
+fn kernels_without_ksm_stat_still_report_merging_pages() {
+    let dir = std::env::temp_dir().join(format!("kfuse-mem-oldproc-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(dir.join("42")).unwrap();
+    fs::write(dir.join("42/status"), "Name:\told\nUid:\t7\t7\t7\t7\n").unwrap();
+    fs::write(dir.join("42/ksm_merging_pages"), "123\n").unwrap();
+    let p = Procfs::at(&dir).ksm(42).unwrap().unwrap();
+    assert_eq!((p.merging_pages, p.uid, p.name.as_str()), (123, 7, "old"));
+    assert!(
+        Procfs::at(&dir).ksm(43).unwrap().is_none(),
+        "no such process"
+    );
+    let _ = fs::remove_dir_all(dir);
+}
