@@ -65,13 +65,24 @@ fn bias_values<'a, T: Real>(
     }
 }
 
-/// Output rows per task so that a tile of `bytes_per_row` bytes per output row stays near
-/// [`TILE_BYTES`], and enough tasks to keep every thread busy.
-fn band_rows(out_rows: usize, bytes_per_row: usize, images: usize, threads: usize) -> usize {
+/// Calls `task(n, r0..r1)` for bands of output rows of every image, spread over the kernel pool.
+/// Bands hold as many rows as keep a tile of `bytes_per_row` bytes per row near [`TILE_BYTES`],
+/// and there are enough of them to keep every thread busy.
+fn for_each_band(
+    images: usize,
+    out_rows: usize,
+    bytes_per_row: usize,
+    task: &(dyn Fn(usize, std::ops::Range<usize>) + Sync),
+) {
+    let pool = Pool::global();
     let by_cache = (TILE_BYTES / bytes_per_row.max(1)).max(1);
-    let tasks_wanted = 4 * threads;
-    let by_balance = (images * out_rows).div_ceil(tasks_wanted).max(1);
-    by_cache.min(by_balance).min(out_rows).max(1)
+    let by_balance = (images * out_rows).div_ceil(4 * pool.threads()).max(1);
+    let rows = by_cache.min(by_balance).min(out_rows).max(1);
+    let bands = out_rows.div_ceil(rows);
+    pool.run(images * bands, &|t| {
+        let (n, band) = (t / bands, t % bands);
+        task(n, band * rows..((band + 1) * rows).min(out_rows));
+    });
 }
 
 /// Grouped, strided, dilated, zero-padded 2-D convolution with an epilogue, for f32 and f64,
@@ -227,19 +238,10 @@ fn im2col_gemm<T: Real>(
     let [n_images, c_out, oh, ow] = g.y;
     let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
     let k = cg * g.kh * g.kw;
-    let pool = Pool::global();
-    let rows = band_rows(
-        oh,
-        k * ow * std::mem::size_of::<T>(),
-        n_images,
-        pool.threads(),
-    );
-    let bands = oh.div_ceil(rows);
     let out = Out(y.as_mut_ptr());
     let pointwise = g.is_pointwise();
-    let job = |task: usize| {
-        let (n, band) = (task / bands, task % bands);
-        let (r0, r1) = (band * rows, ((band + 1) * rows).min(oh));
+    let job = |n: usize, band: std::ops::Range<usize>| {
+        let (r0, r1) = (band.start, band.end);
         let p = (r1 - r0) * ow;
         let mut col = if pointwise {
             Vec::new()
@@ -341,7 +343,7 @@ fn im2col_gemm<T: Real>(
         // SAFETY: as above, this band belongs to this task.
         unsafe { finish_band(g, out.ptr(), n, r0, r1, bias, do_relu) };
     };
-    pool.run(n_images * bands, &job);
+    for_each_band(n_images, oh, k * ow * std::mem::size_of::<T>(), &job);
 }
 
 /// Applies the epilogue to output rows `r0..r1` of image `n`.
@@ -485,47 +487,43 @@ fn depthwise<T: Real>(
     do_relu: bool,
 ) {
     let [n_images, c, oh, ow] = g.y;
-    let pool = Pool::global();
-    let rows = band_rows(
+    let out = Out(y.as_mut_ptr());
+    for_each_band(
+        n_images,
         oh,
         c * ow * std::mem::size_of::<T>(),
-        n_images,
-        pool.threads(),
-    );
-    let bands = oh.div_ceil(rows);
-    let out = Out(y.as_mut_ptr());
-    pool.run(n_images * bands, &|task| {
-        let (n, band) = (task / bands, task % bands);
-        let (r0, r1) = (band * rows, ((band + 1) * rows).min(oh));
-        match g.layout {
-            Layout::Nhwc => {
-                // SAFETY: NHWC rows r0..r1 of image n are contiguous and this task's alone.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        out.ptr().add((n * oh + r0) * ow * c),
-                        (r1 - r0) * ow * c,
-                    )
-                };
-                depthwise_tile(g, xs, ws, n, r0, r1, dst);
-            }
-            Layout::Nchw => {
-                let mut tile = vec![T::ZERO; c * (r1 - r0) * ow];
-                depthwise_tile(g, xs, ws, n, r0, r1, &mut tile);
-                for ch in 0..c {
-                    // SAFETY: rows r0..r1 of channel ch of image n are this task's alone.
+        &|n, band| {
+            let (r0, r1) = (band.start, band.end);
+            match g.layout {
+                Layout::Nhwc => {
+                    // SAFETY: NHWC rows r0..r1 of image n are contiguous and this task's alone.
                     let dst = unsafe {
                         std::slice::from_raw_parts_mut(
-                            out.ptr().add(((n * c + ch) * oh + r0) * ow),
-                            (r1 - r0) * ow,
+                            out.ptr().add((n * oh + r0) * ow * c),
+                            (r1 - r0) * ow * c,
                         )
                     };
-                    dst.copy_from_slice(&tile[ch * (r1 - r0) * ow..][..(r1 - r0) * ow]);
+                    depthwise_tile(g, xs, ws, n, r0, r1, dst);
+                }
+                Layout::Nchw => {
+                    let mut tile = vec![T::ZERO; c * (r1 - r0) * ow];
+                    depthwise_tile(g, xs, ws, n, r0, r1, &mut tile);
+                    for ch in 0..c {
+                        // SAFETY: rows r0..r1 of channel ch of image n are this task's alone.
+                        let dst = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                out.ptr().add(((n * c + ch) * oh + r0) * ow),
+                                (r1 - r0) * ow,
+                            )
+                        };
+                        dst.copy_from_slice(&tile[ch * (r1 - r0) * ow..][..(r1 - r0) * ow]);
+                    }
                 }
             }
-        }
-        // SAFETY: as above.
-        unsafe { finish_band(g, out.ptr(), n, r0, r1, bias, do_relu) };
-    });
+            // SAFETY: as above.
+            unsafe { finish_band(g, out.ptr(), n, r0, r1, bias, do_relu) };
+        },
+    );
 }
 
 /// Whether `depthwise` then `pointwise` form a depthwise-separable block this module fuses:
@@ -614,64 +612,60 @@ fn separable_typed<T: Real>(
     if y.is_empty() {
         return Ok(());
     }
-    let pool = Pool::global();
-    let rows = band_rows(
+    let dst = Out(y.as_mut_ptr());
+    for_each_band(
+        n_images,
         oh,
         c * ow * std::mem::size_of::<T>(),
-        n_images,
-        pool.threads(),
-    );
-    let bands = oh.div_ceil(rows);
-    let dst = Out(y.as_mut_ptr());
-    pool.run(n_images * bands, &|task| {
-        let (n, band) = (task / bands, task % bands);
-        let (r0, r1) = (band * rows, ((band + 1) * rows).min(oh));
-        let p = (r1 - r0) * ow;
-        let mut tile = vec![T::ZERO; c * p];
-        depthwise_tile(&g, xs, wd, n, r0, r1, &mut tile);
-        // SAFETY: the tile is C x P (NCHW) or P x C (NHWC); the destination band belongs to
-        // this task alone.
-        unsafe {
-            match g.layout {
-                Layout::Nchw => {
-                    let at = dst.ptr().add((n * c_out * oh + r0) * ow);
-                    gemm_into(
-                        c_out,
-                        p,
-                        c,
-                        at,
-                        oh * ow,
-                        1,
-                        wp.as_ptr(),
-                        c,
-                        1,
-                        tile.as_ptr(),
-                        p,
-                        1,
-                        Init::Zero,
-                    );
+        &|n, band| {
+            let (r0, r1) = (band.start, band.end);
+            let p = (r1 - r0) * ow;
+            let mut tile = vec![T::ZERO; c * p];
+            depthwise_tile(&g, xs, wd, n, r0, r1, &mut tile);
+            // SAFETY: the tile is C x P (NCHW) or P x C (NHWC); the destination band belongs to
+            // this task alone.
+            unsafe {
+                match g.layout {
+                    Layout::Nchw => {
+                        let at = dst.ptr().add((n * c_out * oh + r0) * ow);
+                        gemm_into(
+                            c_out,
+                            p,
+                            c,
+                            at,
+                            oh * ow,
+                            1,
+                            wp.as_ptr(),
+                            c,
+                            1,
+                            tile.as_ptr(),
+                            p,
+                            1,
+                            Init::Zero,
+                        );
+                    }
+                    Layout::Nhwc => {
+                        let at = dst.ptr().add((n * oh + r0) * ow * c_out);
+                        gemm_into(
+                            p,
+                            c_out,
+                            c,
+                            at,
+                            c_out,
+                            1,
+                            tile.as_ptr(),
+                            c,
+                            1,
+                            wp.as_ptr(),
+                            1,
+                            c,
+                            Init::Zero,
+                        );
+                    }
                 }
-                Layout::Nhwc => {
-                    let at = dst.ptr().add((n * oh + r0) * ow * c_out);
-                    gemm_into(
-                        p,
-                        c_out,
-                        c,
-                        at,
-                        c_out,
-                        1,
-                        tile.as_ptr(),
-                        c,
-                        1,
-                        wp.as_ptr(),
-                        1,
-                        c,
-                        Init::Zero,
-                    );
-                }
+                finish_band(&out_geometry, dst.ptr(), n, r0, r1, bias, epilogue.relu);
             }
-            finish_band(&out_geometry, dst.ptr(), n, r0, r1, bias, epilogue.relu);
-        }
-    });
+        },
+    );
     Ok(())
 }
