@@ -12,26 +12,25 @@ use std::os::unix::net::UnixStream;
 const PR_SET_MEMORY_MERGE: libc::c_int = 67;
 const PR_GET_MEMORY_MERGE: libc::c_int = 68;
 
+/// A `sysconf` value, or `default` where the system does not say.
+fn sysconf_or(name: libc::c_int, default: u64) -> u64 {
+    // SAFETY: sysconf has no memory effects.
+    let value = unsafe { libc::sysconf(name) };
+    if value > 0 {
+        value as u64
+    } else {
+        default
+    }
+}
+
 /// The size of a base page on this machine.
 pub fn page_size() -> usize {
-    // SAFETY: sysconf has no memory effects.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if size > 0 {
-        size as usize
-    } else {
-        4096
-    }
+    sysconf_or(libc::_SC_PAGESIZE, 4096) as usize
 }
 
 /// Clock ticks per second, the unit of `utime` and `stime` in `/proc/<pid>/stat`.
 pub fn clock_ticks_per_second() -> u64 {
-    // SAFETY: sysconf has no memory effects.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if ticks > 0 {
-        ticks as u64
-    } else {
-        100
-    }
+    sysconf_or(libc::_SC_CLK_TCK, 100)
 }
 
 /// Whether this process runs with an effective uid of 0.
