@@ -16,6 +16,8 @@ pub use crate::dense::{Epilogue, View};
 
 use crate::Pool;
 
+mod depthwise;
+
 /// Bytes of the per-task tile (im2col columns or depthwise output) aimed for: the size of one
 /// core's L2 on the machine kfuse is measured on (1 MiB measured faster than 256 KiB for W6b
 /// and W7).
@@ -397,86 +399,6 @@ unsafe fn finish_band<T: Real>(
     }
 }
 
-/// Depthwise output of image `n`, channels `channels`, output rows `r0..r1`, written to `dst`
-/// laid out as NCHW `[channel][row][col]` (rows `r0..r1` only) or NHWC `[row][col][channel]`.
-fn depthwise_tile<T: Real>(
-    g: &Geometry,
-    xs: &[T],
-    ws: &[T],
-    n: usize,
-    r0: usize,
-    r1: usize,
-    dst: &mut [T],
-) {
-    let [_, c, _, ow] = g.y;
-    let taps = g.kh * g.kw;
-    match g.layout {
-        Layout::Nchw => {
-            let in_w = g.x[3];
-            for ch in 0..c {
-                let wk = &ws[ch * taps..(ch + 1) * taps];
-                for r in r0..r1 {
-                    let row = &mut dst[(ch * (r1 - r0) + (r - r0)) * ow..][..ow];
-                    row.fill(T::ZERO);
-                    for i in 0..g.kh {
-                        let Some(h) = g.tap(0, r, i) else { continue };
-                        let x_row = &xs[g.x_offset(n, ch, h, 0)..][..in_w];
-                        for j in 0..g.kw {
-                            let weight = wk[i * g.kw + j];
-                            // Output columns whose tap j lands inside the row.
-                            let shift = j * g.dilation[1];
-                            let (s, pl) = (g.stride[1], g.pad[1]);
-                            let lo = pl.saturating_sub(shift).div_ceil(s);
-                            let hi = (in_w + pl).saturating_sub(shift).div_ceil(s).min(ow);
-                            if lo >= hi {
-                                continue;
-                            }
-                            if s == 1 {
-                                let start = lo + shift - pl;
-                                for (o, xv) in
-                                    row[lo..hi].iter_mut().zip(&x_row[start..start + hi - lo])
-                                {
-                                    *o = o.add(weight.mul(*xv));
-                                }
-                            } else {
-                                for o in lo..hi {
-                                    row[o] = row[o].add(weight.mul(x_row[o * s + shift - pl]));
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        Layout::Nhwc => {
-            // Weights as [tap][channel] so that the inner loop runs along channels.
-            let mut wt = vec![T::ZERO; taps * c];
-            for ch in 0..c {
-                for t in 0..taps {
-                    wt[t * c + ch] = ws[ch * taps + t];
-                }
-            }
-            for r in r0..r1 {
-                for o in 0..ow {
-                    let acc = &mut dst[((r - r0) * ow + o) * c..][..c];
-                    acc.fill(T::ZERO);
-                    for i in 0..g.kh {
-                        let Some(h) = g.tap(0, r, i) else { continue };
-                        for j in 0..g.kw {
-                            let Some(wp) = g.tap(1, o, j) else { continue };
-                            let xv = &xs[g.x_offset(n, 0, h, wp)..][..c];
-                            let wv = &wt[(i * g.kw + j) * c..][..c];
-                            for ((a, x), w) in acc.iter_mut().zip(xv).zip(wv) {
-                                *a = a.add(w.mul(*x));
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// Depthwise convolution (one filter per channel) over (image, band) tasks.
 fn depthwise<T: Real>(
     g: &Geometry,
@@ -494,32 +416,23 @@ fn depthwise<T: Real>(
         c * ow * std::mem::size_of::<T>(),
         &|n, band| {
             let (r0, r1) = (band.start, band.end);
-            match g.layout {
-                Layout::Nhwc => {
-                    // SAFETY: NHWC rows r0..r1 of image n are contiguous and this task's alone.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            out.ptr().add((n * oh + r0) * ow * c),
-                            (r1 - r0) * ow * c,
-                        )
-                    };
-                    depthwise_tile(g, xs, ws, n, r0, r1, dst);
-                }
-                Layout::Nchw => {
-                    let mut tile = vec![T::ZERO; c * (r1 - r0) * ow];
-                    depthwise_tile(g, xs, ws, n, r0, r1, &mut tile);
-                    for ch in 0..c {
-                        // SAFETY: rows r0..r1 of channel ch of image n are this task's alone.
-                        let dst = unsafe {
-                            std::slice::from_raw_parts_mut(
-                                out.ptr().add(((n * c + ch) * oh + r0) * ow),
-                                (r1 - r0) * ow,
-                            )
-                        };
-                        dst.copy_from_slice(&tile[ch * (r1 - r0) * ow..][..(r1 - r0) * ow]);
-                    }
-                }
-            }
+            let (at, channel_stride) = match g.layout {
+                Layout::Nhwc => ((n * oh + r0) * ow * c, 0),
+                Layout::Nchw => ((n * c * oh + r0) * ow, oh * ow),
+            };
+            // SAFETY: rows r0..r1 of image n (every channel) lie inside `y` and belong to this
+            // task alone.
+            unsafe {
+                depthwise::band(
+                    g,
+                    xs,
+                    ws,
+                    n,
+                    band.clone(),
+                    Out(out.ptr().add(at)),
+                    channel_stride,
+                )
+            };
             // SAFETY: as above.
             unsafe { finish_band(g, out.ptr(), n, r0, r1, bias, do_relu) };
         },
@@ -621,7 +534,9 @@ fn separable_typed<T: Real>(
             let (r0, r1) = (band.start, band.end);
             let p = (r1 - r0) * ow;
             let mut tile = vec![T::ZERO; c * p];
-            depthwise_tile(&g, xs, wd, n, r0, r1, &mut tile);
+            // NCHW: [channel][row][col]; NHWC: [row][col][channel].
+            // SAFETY: the tile holds every channel's rows, and is this task's.
+            unsafe { depthwise::band(&g, xs, wd, n, band.clone(), Out(tile.as_mut_ptr()), p) };
             // SAFETY: the tile is C x P (NCHW) or P x C (NHWC); the destination band belongs to
             // this task alone.
             unsafe {

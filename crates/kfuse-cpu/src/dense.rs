@@ -30,6 +30,8 @@ pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
     fn from_f64(value: f64) -> Self;
     fn add(self, other: Self) -> Self;
     fn mul(self, other: Self) -> Self;
+    /// `self * a + b`, fused (one rounding) where the code is compiled with FMA.
+    fn mul_add(self, a: Self, b: Self) -> Self;
     fn slice(storage: &Storage) -> Option<&[Self]>;
     fn slice_mut(storage: &mut Storage) -> Option<&mut [Self]>;
 }
@@ -57,6 +59,10 @@ macro_rules! real {
             }
             fn mul(self, other: Self) -> Self {
                 self * other
+            }
+            #[inline(always)]
+            fn mul_add(self, a: Self, b: Self) -> Self {
+                <$t>::mul_add(self, a, b)
             }
             fn slice(storage: &Storage) -> Option<&[Self]> {
                 match storage {

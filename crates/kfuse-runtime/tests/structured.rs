@@ -145,6 +145,12 @@ fn cases() -> Vec<Case> {
         case([2, 8, 13, 10], 8, [3, 3], [2, 2], [1, 0, 0, 1], [1, 1], 8),
         case([1, 8, 9, 7], 8, [5, 3], [1, 2], [2, 2, 1, 1], [1, 2], 8),
         case([1, 4, 6, 6], 8, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 4),
+        // Rows of 16 outputs and more: the register-blocked 3×3 and 5×5 kernels, with a last
+        // block overlapping its predecessor (37, 21) and without (16).
+        case([1, 8, 11, 37], 8, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 8),
+        case([1, 4, 9, 21], 4, [5, 5], [1, 1], [2, 2, 2, 2], [2, 1], 4),
+        case([2, 4, 6, 16], 4, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 4),
+        case([1, 3, 7, 40], 3, [3, 3], [1, 1], [0, 1, 2, 0], [1, 3], 3),
         // Pointwise: plain, grouped, strided (not a plain product).
         case([2, 16, 5, 7], 12, [1, 1], [1, 1], [0; 4], [1, 1], 1),
         case([2, 16, 5, 7], 12, [1, 1], [1, 1], [0; 4], [1, 1], 4),
@@ -247,6 +253,7 @@ fn structured_programs() -> Vec<(String, usize)> {
         dsc("nchw", "[2, 8, 13, 11]", "[1, 1]", "[12, 1, 1]", true),
         dsc("nchw", "[2, 8, 13, 11]", "[2, 2]", "", false),
         dsc("nchw", "[1, 8, 40, 23]", "[1, 1]", "[1, 12, 1, 1]", false),
+        dsc("nchw", "[1, 8, 5, 32]", "[1, 1]", "", true),
         dsc("nhwc", "[2, 13, 11, 8]", "[1, 1]", "[12]", true),
         dsc("nhwc", "[1, 9, 9, 8]", "[2, 1]", "", true),
         conv("nchw", "[2, 6, 9, 10]", "[4, 3, 3, 3]", 2, "[4, 1, 1]", 27),
@@ -393,11 +400,12 @@ fn random_convolutions_match_the_reference() {
             (groups, groups * pick(&mut rng, 3))
         };
         let case = Case {
+            // Depthwise rows reach past one 16-wide register block.
             x: [
                 pick(&mut rng, 2),
                 c_in,
                 pick(&mut rng, 9),
-                pick(&mut rng, 9),
+                pick(&mut rng, if depthwise { 40 } else { 9 }),
             ],
             c_out,
             kernel: [pick(&mut rng, 3), pick(&mut rng, 3)],
