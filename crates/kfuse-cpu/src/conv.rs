@@ -11,12 +11,13 @@
 
 use kfuse_ir::{Conv2dAttrs, DType, Layout, Storage};
 
-use crate::dense::{gemm_into, relu, Init, Out, Real};
+use crate::dense::{gemm_into, relu, with_scratch, Init, Out, Real};
 pub use crate::dense::{Epilogue, View};
 
 use crate::Pool;
 
 mod depthwise;
+mod shifted;
 
 /// Bytes of the per-task tile (im2col columns or depthwise output) aimed for: the size of one
 /// core's L2 on the machine kfuse is measured on (1 MiB measured faster than 256 KiB for W6b
@@ -220,6 +221,8 @@ fn conv2d_typed<T: Real>(
         let is_depthwise = g.groups == g.x[1] && g.y[1] == g.x[1];
         if is_depthwise {
             depthwise(&g, xs, ws, y, bias, epilogue.relu);
+        } else if shifted::applies(&g) {
+            shifted::conv(&g, xs, ws, y, bias, epilogue.relu);
         } else {
             im2col_gemm(&g, xs, ws, y, bias, epilogue.relu);
         }
@@ -245,103 +248,103 @@ fn im2col_gemm<T: Real>(
     let job = |n: usize, band: std::ops::Range<usize>| {
         let (r0, r1) = (band.start, band.end);
         let p = (r1 - r0) * ow;
-        let mut col = if pointwise {
-            Vec::new()
-        } else {
-            vec![T::ZERO; k * p]
-        };
-        for group in 0..g.groups {
-            // Columns (NCHW: K x P) or rows (NHWC: P x K) of the patches, k = (c, i, j).
-            let (cols, cols_rs, cols_cs): (*const T, usize, usize) = if pointwise {
-                match g.layout {
-                    Layout::Nchw => (
-                        xs[g.x_offset(n, group * cg, r0, 0)..].as_ptr(),
-                        g.x[2] * g.x[3],
-                        1,
-                    ),
-                    Layout::Nhwc => (xs[g.x_offset(n, group * cg, r0, 0)..].as_ptr(), 1, g.x[1]),
-                }
-            } else {
-                for c in 0..cg {
-                    for i in 0..g.kh {
-                        for j in 0..g.kw {
-                            let kk = (c * g.kh + i) * g.kw + j;
-                            for r in r0..r1 {
-                                let dst = &mut col[kk * p + (r - r0) * ow..][..ow];
-                                let Some(h) = g.tap(0, r, i) else {
-                                    dst.fill(T::ZERO);
-                                    continue;
-                                };
-                                // Output columns whose tap lands inside the row; zeros outside.
-                                let (lo, hi, first) = g.valid_columns(j);
-                                dst[..lo].fill(T::ZERO);
-                                dst[hi..].fill(T::ZERO);
-                                if lo < hi {
-                                    let base = g.x_offset(n, group * cg + c, h, first);
-                                    let step = g.stride[1] * g.column_stride();
-                                    if step == 1 {
-                                        dst[lo..hi].copy_from_slice(&xs[base..base + hi - lo]);
-                                    } else {
-                                        for (d, x) in dst[lo..hi]
-                                            .iter_mut()
-                                            .zip(xs[base..].iter().step_by(step))
-                                        {
-                                            *d = *x;
+        // Every element of the columns is written before the GEMM reads it.
+        with_scratch(if pointwise { 0 } else { k * p }, |col: &mut [T]| {
+            for group in 0..g.groups {
+                // Columns (NCHW: K x P) or rows (NHWC: P x K) of the patches, k = (c, i, j).
+                let (cols, cols_rs, cols_cs): (*const T, usize, usize) = if pointwise {
+                    match g.layout {
+                        Layout::Nchw => (
+                            xs[g.x_offset(n, group * cg, r0, 0)..].as_ptr(),
+                            g.x[2] * g.x[3],
+                            1,
+                        ),
+                        Layout::Nhwc => {
+                            (xs[g.x_offset(n, group * cg, r0, 0)..].as_ptr(), 1, g.x[1])
+                        }
+                    }
+                } else {
+                    for c in 0..cg {
+                        for i in 0..g.kh {
+                            for j in 0..g.kw {
+                                let kk = (c * g.kh + i) * g.kw + j;
+                                for r in r0..r1 {
+                                    let dst = &mut col[kk * p + (r - r0) * ow..][..ow];
+                                    let Some(h) = g.tap(0, r, i) else {
+                                        dst.fill(T::ZERO);
+                                        continue;
+                                    };
+                                    // Output columns whose tap lands inside the row; zeros outside.
+                                    let (lo, hi, first) = g.valid_columns(j);
+                                    dst[..lo].fill(T::ZERO);
+                                    dst[hi..].fill(T::ZERO);
+                                    if lo < hi {
+                                        let base = g.x_offset(n, group * cg + c, h, first);
+                                        let step = g.stride[1] * g.column_stride();
+                                        if step == 1 {
+                                            dst[lo..hi].copy_from_slice(&xs[base..base + hi - lo]);
+                                        } else {
+                                            for (d, x) in dst[lo..hi]
+                                                .iter_mut()
+                                                .zip(xs[base..].iter().step_by(step))
+                                            {
+                                                *d = *x;
+                                            }
                                         }
                                     }
                                 }
                             }
                         }
                     }
-                }
-                (col.as_ptr(), p, 1)
-            };
-            let w_group = ws[group * og * k..].as_ptr();
-            // SAFETY: every pointer addresses a matrix of the stated shape and strides inside
-            // its buffer; this task alone writes rows r0..r1 of image n.
-            unsafe {
-                match g.layout {
-                    Layout::Nchw => {
-                        let dst = out.ptr().add(((n * c_out + group * og) * oh + r0) * ow);
-                        gemm_into(
-                            og,
-                            p,
-                            k,
-                            dst,
-                            oh * ow,
-                            1,
-                            w_group,
-                            k,
-                            1,
-                            cols,
-                            cols_rs,
-                            cols_cs,
-                            Init::Zero,
-                        );
-                    }
-                    Layout::Nhwc => {
-                        let dst = out.ptr().add((n * oh + r0) * ow * c_out + group * og);
-                        // Patches as rows: P x K with k contiguous (or channel-strided).
-                        let (lhs_rs, lhs_cs) = (cols_cs, cols_rs);
-                        gemm_into(
-                            p,
-                            og,
-                            k,
-                            dst,
-                            c_out,
-                            1,
-                            cols,
-                            lhs_rs,
-                            lhs_cs,
-                            w_group,
-                            1,
-                            k,
-                            Init::Zero,
-                        );
+                    (col.as_ptr(), p, 1)
+                };
+                let w_group = ws[group * og * k..].as_ptr();
+                // SAFETY: every pointer addresses a matrix of the stated shape and strides inside
+                // its buffer; this task alone writes rows r0..r1 of image n.
+                unsafe {
+                    match g.layout {
+                        Layout::Nchw => {
+                            let dst = out.ptr().add(((n * c_out + group * og) * oh + r0) * ow);
+                            gemm_into(
+                                og,
+                                p,
+                                k,
+                                dst,
+                                oh * ow,
+                                1,
+                                w_group,
+                                k,
+                                1,
+                                cols,
+                                cols_rs,
+                                cols_cs,
+                                Init::Zero,
+                            );
+                        }
+                        Layout::Nhwc => {
+                            let dst = out.ptr().add((n * oh + r0) * ow * c_out + group * og);
+                            // Patches as rows: P x K with k contiguous (or channel-strided).
+                            let (lhs_rs, lhs_cs) = (cols_cs, cols_rs);
+                            gemm_into(
+                                p,
+                                og,
+                                k,
+                                dst,
+                                c_out,
+                                1,
+                                cols,
+                                lhs_rs,
+                                lhs_cs,
+                                w_group,
+                                1,
+                                k,
+                                Init::Zero,
+                            );
+                        }
                     }
                 }
             }
-        }
+        });
         // SAFETY: as above, this band belongs to this task.
         unsafe { finish_band(g, out.ptr(), n, r0, r1, bias, do_relu) };
     };
@@ -533,53 +536,55 @@ fn separable_typed<T: Real>(
         &|n, band| {
             let (r0, r1) = (band.start, band.end);
             let p = (r1 - r0) * ow;
-            let mut tile = vec![T::ZERO; c * p];
-            // NCHW: [channel][row][col]; NHWC: [row][col][channel].
-            // SAFETY: the tile holds every channel's rows, and is this task's.
-            unsafe { depthwise::band(&g, xs, wd, n, band.clone(), Out(tile.as_mut_ptr()), p) };
-            // SAFETY: the tile is C x P (NCHW) or P x C (NHWC); the destination band belongs to
-            // this task alone.
-            unsafe {
-                match g.layout {
-                    Layout::Nchw => {
-                        let at = dst.ptr().add((n * c_out * oh + r0) * ow);
-                        gemm_into(
-                            c_out,
-                            p,
-                            c,
-                            at,
-                            oh * ow,
-                            1,
-                            wp.as_ptr(),
-                            c,
-                            1,
-                            tile.as_ptr(),
-                            p,
-                            1,
-                            Init::Zero,
-                        );
+            // The depthwise kernel writes every element of the tile.
+            with_scratch(c * p, |tile: &mut [T]| {
+                // NCHW: [channel][row][col]; NHWC: [row][col][channel].
+                // SAFETY: the tile holds every channel's rows, and is this task's.
+                unsafe { depthwise::band(&g, xs, wd, n, band.clone(), Out(tile.as_mut_ptr()), p) };
+                // SAFETY: the tile is C x P (NCHW) or P x C (NHWC); the destination band belongs to
+                // this task alone.
+                unsafe {
+                    match g.layout {
+                        Layout::Nchw => {
+                            let at = dst.ptr().add((n * c_out * oh + r0) * ow);
+                            gemm_into(
+                                c_out,
+                                p,
+                                c,
+                                at,
+                                oh * ow,
+                                1,
+                                wp.as_ptr(),
+                                c,
+                                1,
+                                tile.as_ptr(),
+                                p,
+                                1,
+                                Init::Zero,
+                            );
+                        }
+                        Layout::Nhwc => {
+                            let at = dst.ptr().add((n * oh + r0) * ow * c_out);
+                            gemm_into(
+                                p,
+                                c_out,
+                                c,
+                                at,
+                                c_out,
+                                1,
+                                tile.as_ptr(),
+                                c,
+                                1,
+                                wp.as_ptr(),
+                                1,
+                                c,
+                                Init::Zero,
+                            );
+                        }
                     }
-                    Layout::Nhwc => {
-                        let at = dst.ptr().add((n * oh + r0) * ow * c_out);
-                        gemm_into(
-                            p,
-                            c_out,
-                            c,
-                            at,
-                            c_out,
-                            1,
-                            tile.as_ptr(),
-                            c,
-                            1,
-                            wp.as_ptr(),
-                            1,
-                            c,
-                            Init::Zero,
-                        );
-                    }
+                    finish_band(&out_geometry, dst.ptr(), n, r0, r1, bias, epilogue.relu);
                 }
-                finish_band(&out_geometry, dst.ptr(), n, r0, r1, bias, epilogue.relu);
-            }
+            });
         },
     );
     Ok(())

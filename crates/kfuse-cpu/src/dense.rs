@@ -106,6 +106,8 @@ pub(crate) enum Init<'a, T> {
     Zero,
     /// `bias[j]` in every element of column `j`.
     ColumnBias(&'a [T]),
+    /// The destination's current values: the product is added to them.
+    Accumulate,
 }
 
 /// `dst[m×n] = init + lhs[m×k] @ rhs[k×n]` with arbitrary strides, single-threaded.
@@ -135,6 +137,7 @@ pub(crate) unsafe fn gemm_into<T: Real>(
         // accumulated onto it.
         let read_dst = match init {
             Init::Zero => false,
+            Init::Accumulate => true,
             Init::ColumnBias(bias) => {
                 for i in 0..m {
                     for (j, &b) in bias.iter().enumerate().take(n) {
@@ -175,4 +178,28 @@ pub(crate) fn relu<T: Real>(v: T) -> T {
     } else {
         v
     }
+}
+
+thread_local! {
+    /// Each thread's scratch for per-task tiles, kept between tasks and calls so that tiles do
+    /// not come from fresh (page-faulting) allocations. It grows to the largest tile the thread
+    /// has needed: a few MiB.
+    static SCRATCH: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on `len` elements of this thread's scratch, contents unspecified. Not reentrant:
+/// `f` must not call it again.
+pub(crate) fn with_scratch<T: Real, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    SCRATCH.with(|cell| {
+        let mut words = cell.borrow_mut();
+        let needed = (len * std::mem::size_of::<T>()).div_ceil(8);
+        if words.len() < needed {
+            words.resize(needed, 0);
+        }
+        // SAFETY: T is f32 or f64 (`Real`), for which every bit pattern is a value and whose
+        // alignment the u64 buffer meets; the buffer holds at least `len` of them and stays
+        // borrowed for the call.
+        let values = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<T>(), len) };
+        f(values)
+    })
 }

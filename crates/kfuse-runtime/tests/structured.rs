@@ -155,6 +155,12 @@ fn cases() -> Vec<Case> {
         case([2, 16, 5, 7], 12, [1, 1], [1, 1], [0; 4], [1, 1], 1),
         case([2, 16, 5, 7], 12, [1, 1], [1, 1], [0; 4], [1, 1], 4),
         case([1, 6, 7, 7], 5, [1, 1], [2, 2], [0; 4], [1, 1], 1),
+        // At least 16 input channels per group and no more output channels: the shifted-GEMM
+        // path (plain, dilated with uneven padding, grouped, several bands per image).
+        case([2, 16, 9, 11], 16, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        case([1, 20, 8, 13], 12, [3, 2], [1, 1], [2, 0, 1, 2], [2, 1], 1),
+        case([1, 32, 6, 7], 32, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 2),
+        case([1, 16, 70, 19], 9, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
         // Size 1 everywhere, a kernel larger than the input, and an empty batch.
         case([1, 1, 1, 1], 1, [1, 1], [1, 1], [0; 4], [1, 1], 1),
         case([1, 3, 2, 2], 2, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
@@ -238,12 +244,14 @@ fn structured_programs() -> Vec<(String, usize)> {
         (text, c * 9 + c + 1)
     };
     let conv = |layout: &str, x: &str, w: &str, groups: usize, bias: &str, terms: usize| {
+        // Stride 1 (and, here, 16 channels and more per group) takes the shifted-GEMM path.
+        let stride = if terms >= 144 { "[1, 1]" } else { "[2, 1]" };
         (
             format!(
                 "%x = input() name=\"x\" : f32{x}\n\
                  %w = input() name=\"w\" : f32{w}\n\
                  %b = input() name=\"b\" : f32{bias}\n\
-                 %c = conv2d(%x, %w) layout={layout} stride=[2, 1] padding=[1, 0, 1, 1] dilation=[1, 1] groups={groups}\n\
+                 %c = conv2d(%x, %w) layout={layout} stride={stride} padding=[1, 0, 1, 1] dilation=[1, 1] groups={groups}\n\
                  %s = add(%c, %b)\n%y = relu(%s)\noutput \"y\" = %y\n"
             ),
             terms + 1,
@@ -258,6 +266,8 @@ fn structured_programs() -> Vec<(String, usize)> {
         dsc("nhwc", "[1, 9, 9, 8]", "[2, 1]", "", true),
         conv("nchw", "[2, 6, 9, 10]", "[4, 3, 3, 3]", 2, "[4, 1, 1]", 27),
         conv("nhwc", "[2, 9, 10, 6]", "[5, 6, 3, 3]", 1, "[5]", 54),
+        conv("nchw", "[2, 16, 9, 10]", "[8, 16, 3, 3]", 1, "[8, 1, 1]", 144),
+        conv("nhwc", "[1, 9, 10, 32]", "[16, 16, 3, 3]", 2, "[16]", 144),
     ]
 }
 
@@ -392,10 +402,15 @@ fn random_convolutions_match_the_reference() {
     for k in 0..80u64 {
         let pick = |rng: &mut Rng, n: u64| 1 + rng.below(n as usize);
         let groups = [1, 1, 2, 3][rng.below(4)];
-        let c_in = groups * pick(&mut rng, 3);
-        let depthwise = rng.below(4) == 0;
+        // One draw in four has 16-19 channels per group and fewer outputs, the shifted-GEMM
+        // path at stride 1.
+        let wide = rng.below(4) == 0;
+        let c_in = groups * if wide { 15 + pick(&mut rng, 4) } else { pick(&mut rng, 3) };
+        let depthwise = !wide && rng.below(4) == 0;
         let (groups, c_out) = if depthwise {
             (c_in, c_in * pick(&mut rng, 2))
+        } else if wide {
+            (groups, groups * pick(&mut rng, 16))
         } else {
             (groups, groups * pick(&mut rng, 3))
         };
