@@ -233,8 +233,8 @@ fn structured_head(graph: &Graph, group: &kfuse::fusion::StructuredGroup) -> Str
     if let Some(a) = group.bias_add {
         epilogue.push(format!("per-channel bias add %{}", a.0));
     }
-    if let Some(r) = group.relu {
-        epilogue.push(format!("relu %{}", r.0));
+    if let Some(a) = group.activation {
+        epilogue.push(format!("{} %{}", graph.node(a).op.name(), a.0));
     }
     if !epilogue.is_empty() {
         parts.push(format!(

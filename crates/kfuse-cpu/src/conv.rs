@@ -11,7 +11,7 @@
 
 use kfuse_ir::{Conv2dAttrs, DType, Layout, Storage};
 
-use crate::dense::{gemm_into, relu, with_scratch, Init, Out, Real};
+use crate::dense::{epilogue, gemm_into, with_scratch, Activation, Init, Out, Real, RowBias};
 pub use crate::dense::{Epilogue, View};
 
 use crate::Pool;
@@ -37,15 +37,9 @@ fn dims(shape: &[usize], layout: Layout) -> [usize; 4] {
     }
 }
 
-/// Applies the epilogue to channel `channel`'s `values`.
-fn finish<T: Real>(values: &mut [T], bias: Option<&[T]>, channel: usize, do_relu: bool) {
-    let b = bias.map_or(T::ZERO, |b| b[channel]);
-    match (bias.is_some(), do_relu) {
-        (true, true) => values.iter_mut().for_each(|v| *v = relu(v.add(b))),
-        (true, false) => values.iter_mut().for_each(|v| *v = v.add(b)),
-        (false, true) => values.iter_mut().for_each(|v| *v = relu(*v)),
-        (false, false) => {}
-    }
+/// The bias of one output channel's run of values.
+fn channel_bias<T: Real>(bias: Option<&[T]>, channel: usize) -> RowBias<'static, T> {
+    bias.map_or(RowBias::None, |b| RowBias::Same(b[channel]))
 }
 
 /// Checks operand dtypes and returns the bias values.
@@ -220,11 +214,11 @@ fn conv2d_typed<T: Real>(
     if !y.is_empty() {
         let is_depthwise = g.groups == g.x[1] && g.y[1] == g.x[1];
         if is_depthwise {
-            depthwise(&g, xs, ws, y, bias, epilogue.relu);
+            depthwise(&g, xs, ws, y, bias, epilogue.activation);
         } else if shifted::applies(&g) {
-            shifted::conv(&g, xs, ws, y, bias, epilogue.relu);
+            shifted::conv(&g, xs, ws, y, bias, epilogue.activation);
         } else {
-            im2col_gemm(&g, xs, ws, y, bias, epilogue.relu);
+            im2col_gemm(&g, xs, ws, y, bias, epilogue.activation);
         }
     }
     Ok(())
@@ -238,7 +232,7 @@ fn im2col_gemm<T: Real>(
     ws: &[T],
     y: &mut [T],
     bias: Option<&[T]>,
-    do_relu: bool,
+    act: Option<Activation>,
 ) {
     let [n_images, c_out, oh, ow] = g.y;
     let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
@@ -346,7 +340,7 @@ fn im2col_gemm<T: Real>(
             }
         });
         // SAFETY: as above, this band belongs to this task.
-        unsafe { finish_band(g, out.ptr(), n, r0, r1, bias, do_relu) };
+        unsafe { finish_band(g, out.ptr(), n, r0, r1, bias, act) };
     };
     for_each_band(n_images, oh, k * ow * std::mem::size_of::<T>(), &job);
 }
@@ -362,9 +356,9 @@ unsafe fn finish_band<T: Real>(
     r0: usize,
     r1: usize,
     bias: Option<&[T]>,
-    do_relu: bool,
+    act: Option<Activation>,
 ) {
-    if bias.is_none() && !do_relu {
+    if bias.is_none() && act.is_none() {
         return;
     }
     let [_, c_out, oh, ow] = g.y;
@@ -378,7 +372,7 @@ unsafe fn finish_band<T: Real>(
                         (r1 - r0) * ow,
                     )
                 };
-                finish(rows, bias, c, do_relu);
+                epilogue(rows, channel_bias(bias, c), act);
             }
         }
         Layout::Nhwc => {
@@ -389,14 +383,9 @@ unsafe fn finish_band<T: Real>(
                     (r1 - r0) * ow * c_out,
                 )
             };
+            let bias = bias.map_or(RowBias::None, RowBias::Each);
             for pixel in band.chunks_mut(c_out) {
-                for (c, v) in pixel.iter_mut().enumerate() {
-                    let mut value = *v;
-                    if let Some(b) = bias {
-                        value = value.add(b[c]);
-                    }
-                    *v = if do_relu { relu(value) } else { value };
-                }
+                epilogue(pixel, bias, act);
             }
         }
     }
@@ -409,7 +398,7 @@ fn depthwise<T: Real>(
     ws: &[T],
     y: &mut [T],
     bias: Option<&[T]>,
-    do_relu: bool,
+    act: Option<Activation>,
 ) {
     let [n_images, c, oh, ow] = g.y;
     let out = Out(y.as_mut_ptr());
@@ -437,7 +426,7 @@ fn depthwise<T: Real>(
                 )
             };
             // SAFETY: as above.
-            unsafe { finish_band(g, out.ptr(), n, r0, r1, bias, do_relu) };
+            unsafe { finish_band(g, out.ptr(), n, r0, r1, bias, act) };
         },
     );
 }
@@ -582,7 +571,7 @@ fn separable_typed<T: Real>(
                             );
                         }
                     }
-                    finish_band(&out_geometry, dst.ptr(), n, r0, r1, bias, epilogue.relu);
+                    finish_band(&out_geometry, dst.ptr(), n, r0, r1, bias, epilogue.activation);
                 }
             });
         },

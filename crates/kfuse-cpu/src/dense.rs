@@ -3,6 +3,7 @@
 //! for tasks writing disjoint parts, and the single-threaded GEMM call each task makes.
 
 use kfuse_ir::Storage;
+pub use kfuse_kernel::Activation;
 
 /// A tensor operand: its data and dims, borrowed where it lives (no copy).
 #[derive(Clone, Copy, Debug)]
@@ -16,8 +17,9 @@ pub struct View<'a> {
 pub struct Epilogue<'a> {
     /// One value per output channel, added.
     pub bias: Option<&'a Storage>,
-    /// Then `max(y, 0)`; NaN stays NaN, as in the IR's `relu`.
-    pub relu: bool,
+    /// Then this activation, computed as the IR's op computes it (`kfuse-math`'s definitions,
+    /// bit for bit).
+    pub activation: Option<Activation>,
 }
 
 pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
@@ -32,12 +34,13 @@ pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
     fn mul(self, other: Self) -> Self;
     /// `self * a + b`, fused (one rounding) where the code is compiled with FMA.
     fn mul_add(self, a: Self, b: Self) -> Self;
+    fn gelu_tanh(self) -> Self;
     fn slice(storage: &Storage) -> Option<&[Self]>;
     fn slice_mut(storage: &mut Storage) -> Option<&mut [Self]>;
 }
 
 macro_rules! real {
-    ($t:ty, $variant:ident) => {
+    ($t:ty, $variant:ident, $gelu:path) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -64,6 +67,10 @@ macro_rules! real {
             fn mul_add(self, a: Self, b: Self) -> Self {
                 <$t>::mul_add(self, a, b)
             }
+            #[inline(always)]
+            fn gelu_tanh(self) -> Self {
+                $gelu(self)
+            }
             fn slice(storage: &Storage) -> Option<&[Self]> {
                 match storage {
                     Storage::$variant(v) => Some(v),
@@ -79,8 +86,8 @@ macro_rules! real {
         }
     };
 }
-real!(f32, F32);
-real!(f64, F64);
+real!(f32, F32, kfuse_math::gelu_tanh_f32);
+real!(f64, F64, kfuse_math::gelu_tanh_f64);
 
 /// A raw output pointer shared by tasks that write disjoint parts.
 #[derive(Clone, Copy)]
@@ -202,4 +209,61 @@ pub(crate) fn with_scratch<T: Real, R>(len: usize, f: impl FnOnce(&mut [T]) -> R
         let values = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<T>(), len) };
         f(values)
     })
+}
+
+/// Whether the CPU runs the AVX-512 (F, DQ) + FMA builds of the vectorized loops.
+pub(crate) fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The bias an epilogue adds along a run of output elements.
+#[derive(Clone, Copy)]
+pub(crate) enum RowBias<'a, T> {
+    None,
+    /// One value for the whole run (a channel's row in NCHW).
+    Same(T),
+    /// One value per element (a matmul row, an NHWC pixel).
+    Each(&'a [T]),
+}
+
+/// Applies an epilogue to `values`: the bias, then the activation. Results are those of the
+/// IR's `add` and activation ops, bit for bit; the loops are compiled for AVX-512 as well, where
+/// GELU's exponential vectorizes.
+pub(crate) fn epilogue<T: Real>(values: &mut [T], bias: RowBias<T>, activation: Option<Activation>) {
+    if matches!(bias, RowBias::None) && activation.is_none() {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU has the features the function is compiled for.
+        return unsafe { epilogue_avx512(values, bias, activation) };
+    }
+    epilogue_body(values, bias, activation)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,fma")]
+fn epilogue_avx512<T: Real>(values: &mut [T], bias: RowBias<T>, activation: Option<Activation>) {
+    epilogue_body(values, bias, activation)
+}
+
+#[inline(always)]
+fn epilogue_body<T: Real>(values: &mut [T], bias: RowBias<T>, activation: Option<Activation>) {
+    match bias {
+        RowBias::None => {}
+        RowBias::Same(b) => values.iter_mut().for_each(|v| *v = v.add(b)),
+        RowBias::Each(b) => values.iter_mut().zip(b).for_each(|(v, b)| *v = v.add(*b)),
+    }
+    match activation {
+        None => {}
+        Some(Activation::Relu) => values.iter_mut().for_each(|v| *v = relu(*v)),
+        Some(Activation::GeluTanh) => values.iter_mut().for_each(|v| *v = v.gelu_tanh()),
+    }
 }

@@ -5,7 +5,11 @@
 
 use kfuse_ir::{DType, Shape, Storage};
 
-use crate::dense::{gemm_into, relu, Epilogue, Init, Out, Real, View};
+use crate::dense::{epilogue as apply_epilogue, gemm_into, Activation, Epilogue, Init, Out, Real, RowBias, View};
+
+/// Bytes of a block of output columns (all rows) aimed for when an activation follows the GEMM:
+/// about one core's L2.
+const TILE_BYTES: usize = 1024 << 10;
 use crate::Pool;
 
 /// Whether [`matmul`] handles this operand dtype.
@@ -73,26 +77,47 @@ pub fn matmul(
         batch_offsets(&Shape::new(a_dims.clone()), ra),
         batch_offsets(&Shape::new(b_dims.clone()), rb),
     );
-    // Tasks on the kernel pool: every batch matrix, its rows split across the threads when
-    // the product is large enough to pay for a split. Each task runs a single-threaded GEMM.
-    let chunks = if threads > 1 && m * n * k >= 1 << 22 {
-        threads.min(m.div_ceil(16)).max(1)
+    // Tasks on the kernel pool, each running a single-threaded GEMM. With an activation to
+    // apply, and rows few enough that a block of at least 64 columns fits in L2, a task is a
+    // block of columns over all rows: the activation then runs on the block right after its
+    // GEMM, while it is in cache. (Blocks of columns repack the left operand per block, which
+    // is cheap when the rows are few; blocks of rows would repack the right operand, which is
+    // what makes small row bands slow.) Otherwise every batch matrix has its rows split across
+    // the threads when the product is large enough to pay for a split, and ReLU follows on each
+    // task's rows.
+    let elem = a.storage.dtype().size_bytes();
+    let block_cols = if epilogue.activation.is_some() && m > 1 && n >= 128 {
+        let by_cache = (TILE_BYTES / (m * elem)) / 64 * 64;
+        let by_balance = n.div_ceil(threads.max(1)).div_ceil(64) * 64;
+        (by_cache >= 64).then(|| by_cache.min(by_balance))
     } else {
-        1
+        None
     };
-    let rows = m.div_ceil(chunks);
-    /// The per-task work: rows r0..r1 of batch matrix bi, then the epilogue on them.
+    let (chunks, rows, cols) = match block_cols {
+        Some(cols) => (n.div_ceil(cols), m, cols),
+        None => {
+            let chunks = if threads > 1 && m * n * k >= 1 << 22 {
+                threads.min(m.div_ceil(16)).max(1)
+            } else {
+                1
+            };
+            (chunks, m.div_ceil(chunks), n)
+        }
+    };
+    /// The per-task work: rows r0..r1 and columns c0..c1 of batch matrix bi (one of the two
+    /// ranges is whole), then the epilogue on them.
     struct Plan<'a, T> {
         m: usize,
         k: usize,
         n: usize,
         rows: usize,
+        cols: usize,
         chunks: usize,
         transposed: [bool; 2],
         oa: &'a [usize],
         ob: &'a [usize],
         bias: Option<&'a [T]>,
-        relu: bool,
+        activation: Option<Activation>,
     }
     fn run<T: Real>(x: &[T], y: &[T], c: &mut [T], plan: &Plan<T>) {
         let Plan {
@@ -100,37 +125,44 @@ pub fn matmul(
             k,
             n,
             rows,
+            cols,
             chunks,
             transposed,
             oa,
             ob,
             bias,
-            relu,
+            activation,
         } = *plan;
         let dst = Out(c.as_mut_ptr());
         // Strides of A (M x K) and B (K x N) as stored.
         let (a_rs, a_cs) = if transposed[0] { (1, m) } else { (k, 1) };
         let (b_rs, b_cs) = if transposed[1] { (1, k) } else { (n, 1) };
+        let by_columns = cols < n;
         Pool::global().run(oa.len() * chunks, &|task| {
             let (bi, chunk) = (task / chunks, task % chunks);
-            let (r0, r1) = (chunk * rows, ((chunk + 1) * rows).min(m));
-            if r0 >= r1 {
+            let (r0, r1, c0, c1) = if by_columns {
+                (0, m, chunk * cols, ((chunk + 1) * cols).min(n))
+            } else {
+                (chunk * rows, ((chunk + 1) * rows).min(m), 0, n)
+            };
+            if r0 >= r1 || c0 >= c1 {
                 return;
             }
             let lhs = x[oa[bi] * m * k + r0 * a_rs..].as_ptr();
-            let rhs = y[ob[bi] * k * n..].as_ptr();
+            let rhs = y[ob[bi] * k * n + c0 * b_cs..].as_ptr();
+            let bias = bias.map(|b| &b[c0..c1]);
             // SAFETY: the operands hold an M x K and a K x N matrix with these strides at these
-            // offsets (shapes checked by inference); rows r0..r1 of output matrix bi are this
-            // task's alone.
+            // offsets (shapes checked by inference); rows r0..r1, columns c0..c1 of output
+            // matrix bi are this task's alone.
             unsafe {
-                let at = dst.ptr().add(bi * m * n + r0 * n);
-                if r1 - r0 == 1 && !transposed[1] {
+                let at = dst.ptr().add(bi * m * n + r0 * n + c0);
+                if r1 - r0 == 1 && !transposed[1] && !by_columns {
                     gemv(k, n, lhs, a_cs, rhs, at, bias);
                 } else {
                     let init = bias.map_or(Init::Zero, Init::ColumnBias);
                     gemm_into(
                         r1 - r0,
-                        n,
+                        c1 - c0,
                         k,
                         at,
                         n,
@@ -144,11 +176,11 @@ pub fn matmul(
                         init,
                     );
                 }
-                // The bias went in with the product; ReLU is what is left.
-                if relu {
-                    let rows = std::slice::from_raw_parts_mut(at, (r1 - r0) * n);
-                    for row in rows.chunks_mut(n) {
-                        finish_row(row, None, relu);
+                // The bias went in with the product; the activation is what is left.
+                if activation.is_some() {
+                    for r in 0..r1 - r0 {
+                        let row = std::slice::from_raw_parts_mut(at.add(r * n), c1 - c0);
+                        apply_epilogue(row, RowBias::None, activation);
                     }
                 }
             }
@@ -164,6 +196,7 @@ pub fn matmul(
                 k,
                 n,
                 rows,
+                cols,
                 chunks,
                 transposed,
                 oa: &oa,
@@ -172,7 +205,7 @@ pub fn matmul(
                     None => None,
                     Some(b) => Some(<$t as Real>::slice(b).ok_or("the bias dtype differs")?),
                 },
-                relu: epilogue.relu,
+                activation: epilogue.activation,
             }
         };
     }
@@ -183,18 +216,23 @@ pub fn matmul(
     }
     if k == 0 {
         // An empty sum is zero (gemm is not asked to define it); the epilogue still applies.
+        let act = epilogue.activation;
         match out {
             Storage::F32(c) => {
                 c.fill(0.0);
                 let bias = plan!(f32).bias;
                 c.chunks_mut(n)
-                    .for_each(|r| finish_row(r, bias, epilogue.relu));
+                    .for_each(|r| {
+                        apply_epilogue(r, bias.map_or(RowBias::None, RowBias::Each), act)
+                    });
             }
             Storage::F64(c) => {
                 c.fill(0.0);
                 let bias = plan!(f64).bias;
                 c.chunks_mut(n)
-                    .for_each(|r| finish_row(r, bias, epilogue.relu));
+                    .for_each(|r| {
+                        apply_epilogue(r, bias.map_or(RowBias::None, RowBias::Each), act)
+                    });
             }
             _ => {}
         }
@@ -242,18 +280,5 @@ unsafe fn gemv<T: Real>(
                 *acc = acc.add(xv.mul(*bv));
             }
         }
-    }
-}
-
-/// Adds the per-column bias and applies ReLU to one output row.
-fn finish_row<T: Real>(row: &mut [T], bias: Option<&[T]>, apply_relu: bool) {
-    match (bias, apply_relu) {
-        (Some(b), true) => row
-            .iter_mut()
-            .zip(b)
-            .for_each(|(v, b)| *v = relu(v.add(*b))),
-        (Some(b), false) => row.iter_mut().zip(b).for_each(|(v, b)| *v = v.add(*b)),
-        (None, true) => row.iter_mut().for_each(|v| *v = relu(*v)),
-        (None, false) => {}
     }
 }

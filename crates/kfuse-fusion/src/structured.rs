@@ -3,13 +3,13 @@
 //! ```text
 //! %d = conv2d(%x, %wd) groups=C          (depthwise)      one kernel:
 //! %p = conv2d(%d, %wp)                   (1×1 pointwise)   depthwise tile -> pointwise GEMM
-//! %b = add(%p, %bias)                    (per channel)     -> bias -> relu, per output tile
-//! %y = relu(%b)
+//! %b = add(%p, %bias)                    (per channel)     -> bias -> activation, per
+//! %y = relu(%b)      (or gelu_tanh)                         output tile
 //! ```
 //!
 //! A matmul forms the same kind of group: operands that are transposes of the last two axes
 //! are read in place through the GEMM's strides (never materialized), and a per-column bias and
-//! ReLU are applied to its output.
+//! an activation are applied to its output.
 //!
 //! Before: up to four kernels, with the depthwise output (as large as the input) and the
 //! convolution's output written to memory and read back. After: one kernel that never stores
@@ -36,8 +36,35 @@ pub struct StructuredGroup {
     pub bias_add: Option<NodeId>,
     /// The bias operand of `bias_add`.
     pub bias: Option<Value>,
-    /// `relu` of the previous result.
-    pub relu: Option<NodeId>,
+    /// An [`Activation`] of the previous result.
+    pub activation: Option<NodeId>,
+}
+
+/// The activations a structured kernel applies to its output tiles: elementwise, unary, and
+/// with a vectorizable definition in `kfuse-math`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Relu,
+    GeluTanh,
+}
+
+impl Activation {
+    /// The activation `op` computes, if it is one.
+    pub fn of(op: &Op) -> Option<Activation> {
+        match op {
+            Op::Unary(UnaryOp::Relu) => Some(Activation::Relu),
+            Op::Unary(UnaryOp::GeluTanh) => Some(Activation::GeluTanh),
+            _ => None,
+        }
+    }
+
+    /// The IR op.
+    pub fn op(self) -> UnaryOp {
+        match self {
+            Activation::Relu => UnaryOp::Relu,
+            Activation::GeluTanh => UnaryOp::GeluTanh,
+        }
+    }
 }
 
 impl StructuredGroup {
@@ -50,13 +77,13 @@ impl StructuredGroup {
             .chain(transposes)
             .chain([self.anchor])
             .chain(self.bias_add)
-            .chain(self.relu)
+            .chain(self.activation)
             .collect()
     }
 
     /// The node whose result the group writes.
     pub fn last(&self) -> NodeId {
-        self.relu.or(self.bias_add).unwrap_or(self.anchor)
+        self.activation.or(self.bias_add).unwrap_or(self.anchor)
     }
 
     /// Why the group's result is stored by one kernel: what it absorbed, and how.
@@ -80,7 +107,7 @@ impl StructuredGroup {
         let epilogue: Vec<String> = self
             .bias_add
             .into_iter()
-            .chain(self.relu)
+            .chain(self.activation)
             .map(name)
             .collect();
         if !epilogue.is_empty() {
@@ -102,7 +129,7 @@ impl StructuredGroup {
         self.depthwise.is_some()
             || self.transposed.iter().any(Option::is_some)
             || self.bias_add.is_some()
-            || self.relu.is_some()
+            || self.activation.is_some()
     }
 }
 
@@ -228,7 +255,7 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             anchor: id,
             bias_add: None,
             bias: None,
-            relu: None,
+            activation: None,
         };
         if graph.node(id).op == Op::MatMul {
             let operands = &graph.node(id).operands;
@@ -284,8 +311,8 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
                 let epilogue_user = users.get(&value(last)).into_iter().flatten().any(|&u| {
                     matches!(
                         graph.node(u).op,
-                        Op::Binary(BinaryOp::Add) | Op::Unary(UnaryOp::Relu)
-                    )
+                        Op::Binary(BinaryOp::Add)
+                    ) || Activation::of(&graph.node(u).op).is_some()
                 });
                 if epilogue_user {
                     notes.push(format!(
@@ -297,8 +324,8 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             }
         }
         if let Ok(user) = single_use(graph, &users, value(last)) {
-            if graph.node(user).op == Op::Unary(UnaryOp::Relu) {
-                group.relu = Some(user);
+            if Activation::of(&graph.node(user).op).is_some() {
+                group.activation = Some(user);
             }
         }
         if group.absorbs() {

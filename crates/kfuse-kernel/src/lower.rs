@@ -14,6 +14,7 @@ use kfuse_ir::{
 
 use crate::ir::{Access, Arg, IndexOp, Inst, InstId, InstKind, Kernel};
 use crate::program::{Anchor, BufId, Buffer, BufferKind, Program, Step, StructuredCall};
+use crate::Activation;
 
 /// Why lowering failed. Lowering only fails on partitions that violate their own invariants, so
 /// this is always a kfuse bug, reported rather than panicking.
@@ -118,7 +119,9 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                     call: StructuredCall {
                         anchor,
                         bias: group.bias.is_some(),
-                        relu: group.relu.is_some(),
+                        activation: group
+                            .activation
+                            .and_then(|a| Activation::of(&graph.node(a).op)),
                     },
                     inputs,
                     outputs: vec![

@@ -2,7 +2,7 @@
 
 use kfuse_ir::{Array, Conv2dAttrs, Op, TensorType};
 
-use crate::Kernel;
+use crate::{Activation, Kernel};
 
 /// Index of a buffer in a program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -73,8 +73,8 @@ pub struct StructuredCall {
     pub anchor: Anchor,
     /// Add a per-channel bias (the last input) to the anchor's result.
     pub bias: bool,
-    /// Then `relu`.
-    pub relu: bool,
+    /// Then this activation.
+    pub activation: Option<Activation>,
 }
 
 impl StructuredCall {
@@ -98,8 +98,8 @@ impl StructuredCall {
         if self.bias {
             parts.push("add");
         }
-        if self.relu {
-            parts.push("relu");
+        if let Some(a) = self.activation {
+            parts.push(a.op().name());
         }
         parts.join("+")
     }

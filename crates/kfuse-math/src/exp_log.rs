@@ -27,6 +27,7 @@ fn scale(y: f32, k: i32) -> f32 {
 }
 
 /// `e^r - 1 - r` divided by `r^2` on `|r| <= ln2/2` (Cephes `expf`).
+#[inline]
 fn exp_poly(r: f32) -> f32 {
     ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
@@ -35,6 +36,7 @@ fn exp_poly(r: f32) -> f32 {
 }
 
 /// `e^r` on `|r| <= ln2/2`.
+#[inline]
 fn exp_reduced(r: f32) -> f32 {
     r * r * exp_poly(r) + r + 1.0
 }
@@ -65,6 +67,7 @@ pub fn exp_f32(x: f32) -> f32 {
 /// reduction `t = k ln2 + r` runs in f64, the f32 polynomial evaluates `e^r`, and the scaling by
 /// `2^k` is exact in f64. For arguments known to f64 precision whose exponential only needs f32
 /// precision; it needs no libm call, so it vectorizes.
+#[inline]
 pub fn exp_f32_of_f64(t: f64) -> f64 {
     if t.is_nan() {
         return t;
@@ -73,7 +76,11 @@ pub fn exp_f32_of_f64(t: f64) -> f64 {
     let k = (tc * std::f64::consts::LOG2_E).round_ties_even();
     let r = (tc - k * std::f64::consts::LN_2) as f32;
     let y = exp_reduced(r) as f64;
-    let ki = k as i64;
+    // `k` is an integer in [-1443, 1443] for |t| <= 1000 (and exact far beyond): adding
+    // 1.5 * 2^52 puts it in the low mantissa bits, which reads it out without the saturating
+    // float-to-int conversion, which does not vectorize.
+    const MAGIC: f64 = 6_755_399_441_055_744.0;
+    let ki = (k + MAGIC).to_bits() as i64 - MAGIC.to_bits() as i64;
     let k1 = ki >> 1;
     let v = y
         * f64::from_bits(((k1 + 1023) as u64) << 52)

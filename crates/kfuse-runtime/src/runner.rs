@@ -301,7 +301,7 @@ impl<'a> Runner<'a> {
                     let call = StructuredCall {
                         anchor,
                         bias: false,
-                        relu: false,
+                        activation: None,
                     };
                     let view = |i: usize| kfuse_cpu::dense::View {
                         storage: storage_of(ins[i]).expect("library inputs are computed first"),
@@ -496,7 +496,7 @@ fn reference_structured<'a>(
     out_ty: &kfuse_ir::TensorType,
     array: impl Fn(BufId) -> Array + 'a,
 ) -> Result<Array, String> {
-    use kfuse_ir::{BinaryOp, Op, UnaryOp};
+    use kfuse_ir::{BinaryOp, Op};
     let custom = CustomOps::new();
     let eval = |op: Op, ty: &kfuse_ir::TensorType, operands: &[&Array]| {
         kfuse_interp::eval_op(&op, std::slice::from_ref(ty), operands, &custom)
@@ -529,8 +529,8 @@ fn reference_structured<'a>(
         let bias = array(next.next().expect("bias"));
         y = eval(Op::Binary(BinaryOp::Add), out_ty, &[&y, &bias])?;
     }
-    if call.relu {
-        y = eval(Op::Unary(UnaryOp::Relu), out_ty, &[&y])?;
+    if let Some(activation) = call.activation {
+        y = eval(Op::Unary(activation.op()), out_ty, &[&y])?;
     }
     Ok(y)
 }
@@ -547,7 +547,7 @@ fn fast_structured<'a>(
 ) -> Result<(), String> {
     let epilogue = kfuse_cpu::dense::Epilogue {
         bias: call.bias.then(|| operand(n_inputs - 1).storage),
-        relu: call.relu,
+        activation: call.activation,
     };
     match &call.anchor {
         Anchor::Conv {

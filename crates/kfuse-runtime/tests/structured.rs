@@ -267,6 +267,15 @@ fn structured_programs() -> Vec<(String, usize)> {
         conv("nchw", "[2, 6, 9, 10]", "[4, 3, 3, 3]", 2, "[4, 1, 1]", 27),
         conv("nhwc", "[2, 9, 10, 6]", "[5, 6, 3, 3]", 1, "[5]", 54),
         conv("nchw", "[2, 16, 9, 10]", "[8, 16, 3, 3]", 1, "[8, 1, 1]", 144),
+        (
+            "%x = input() name=\"x\" : f32[1, 6, 7, 9]\n\
+             %w = input() name=\"w\" : f32[4, 6, 3, 3]\n\
+             %b = input() name=\"b\" : f32[4, 1, 1]\n\
+             %c = conv2d(%x, %w) layout=nchw stride=[1, 1] padding=[1, 1, 1, 1] dilation=[1, 1] groups=1\n\
+             %s = add(%c, %b)\n%y = gelu_tanh(%s)\noutput \"y\" = %y\n"
+                .to_string(),
+            55,
+        ),
         conv("nhwc", "[1, 9, 10, 32]", "[16, 16, 3, 3]", 2, "[16]", 144),
     ]
 }
@@ -329,6 +338,23 @@ fn structured_matmuls_match_the_reference() {
             "%x = input() name=\"x\" : f32[600, 70]\n%w = input() name=\"w\" : f32[70, 120]\n%b = input() name=\"b\" : f32[120]\n\
              %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = relu(%s)\noutput \"y\" = %y\n",
             71,
+        ),
+        // GELU epilogues: over blocks of columns (n >= 128, applied while each block is in
+        // cache), over rows (narrow n), in f64, and without a bias.
+        (
+            "%x = input() name=\"x\" : f32[40, 33]\n%w = input() name=\"w\" : f32[33, 300]\n%b = input() name=\"b\" : f32[300]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = gelu_tanh(%s)\noutput \"y\" = %y\n",
+            34,
+        ),
+        (
+            "%x = input() name=\"x\" : f64[3, 17]\n%w = input() name=\"w\" : f64[17, 130]\n%b = input() name=\"b\" : f64[130]\n\
+             %h = matmul(%x, %w)\n%s = add(%b, %h)\n%y = gelu_tanh(%s)\noutput \"y\" = %y\n",
+            18,
+        ),
+        (
+            "%x = input() name=\"x\" : f32[5, 7]\n%w = input() name=\"w\" : f32[7, 9]\n\
+             %h = matmul(%x, %w)\n%y = gelu_tanh(%h)\noutput \"y\" = %y\n",
+            7,
         ),
     ];
     for (k, (text, terms)) in programs.iter().enumerate() {
@@ -490,11 +516,16 @@ fn random_structured_matmuls_match_the_reference() {
             "%b"
         };
         text += &format!("%h = matmul({a}, {b})\n%s = add(%h, %bias)\n");
-        let last = if rng.below(2) == 0 {
-            text += "%r = relu(%s)\n";
-            "%r"
-        } else {
-            "%s"
+        let last = match rng.below(3) {
+            0 => {
+                text += "%r = relu(%s)\n";
+                "%r"
+            }
+            1 => {
+                text += "%r = gelu_tanh(%s)\n";
+                "%r"
+            }
+            _ => "%s",
         };
         text += &format!("output \"y\" = {last}\n");
         let graph = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));

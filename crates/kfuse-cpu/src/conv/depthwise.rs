@@ -10,7 +10,7 @@
 //! AVX-512 with FMA, chosen at run time.
 
 use super::Geometry;
-use crate::dense::{Out, Real};
+use crate::dense::{has_avx512, Out, Real};
 
 /// Depthwise output rows `rows` of image `n`: for NCHW, channel `ch`'s rows go to the
 /// `rows.len() * ow` elements at `dst + ch * channel_stride`; for NHWC, all of them go to `dst`,
@@ -29,8 +29,7 @@ pub(super) unsafe fn band<T: Real>(
     channel_stride: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
-    {
+    if has_avx512() {
         // SAFETY: the CPU has the features the function is compiled for.
         return unsafe { band_avx512(g, xs, ws, n, rows, dst, channel_stride) };
     }
@@ -39,7 +38,7 @@ pub(super) unsafe fn band<T: Real>(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
+#[target_feature(enable = "avx512f,avx512dq,fma")]
 unsafe fn band_avx512<T: Real>(
     g: &Geometry,
     xs: &[T],

@@ -20,7 +20,7 @@
 use kfuse_ir::Layout;
 
 use super::{for_each_band, Geometry};
-use crate::dense::{gemm_into, relu, with_scratch, Init, Out, Real};
+use crate::dense::{epilogue, gemm_into, with_scratch, Activation, Init, Out, Real, RowBias};
 
 /// Input channels per group below which im2col's one deep GEMM beats `kh × kw` thin ones.
 const MIN_CHANNELS: usize = 16;
@@ -39,7 +39,7 @@ pub(super) fn conv<T: Real>(
     ws: &[T],
     y: &mut [T],
     bias: Option<&[T]>,
-    do_relu: bool,
+    act: Option<Activation>,
 ) {
     let [n_images, c_out, oh, ow] = g.y;
     let [_, _, in_h, in_w] = g.x;
@@ -141,7 +141,7 @@ pub(super) fn conv<T: Real>(
                         Layout::Nchw => {
                             for co in 0..og {
                                 let channel = group * og + co;
-                                let b = bias.map_or(T::ZERO, |b| b[channel]);
+                                let b = bias.map_or(RowBias::None, |b| RowBias::Same(b[channel]));
                                 let src = &stage[co * q + r * pw..][..ow];
                                 // SAFETY: row r0 + r of this channel of image n is this task's.
                                 let dst = unsafe {
@@ -150,7 +150,8 @@ pub(super) fn conv<T: Real>(
                                         ow,
                                     )
                                 };
-                                store(dst, src, |_| b, bias.is_some(), do_relu);
+                                dst.copy_from_slice(src);
+                            epilogue(dst, b, act);
                             }
                         }
                         Layout::Nhwc => {
@@ -164,13 +165,11 @@ pub(super) fn conv<T: Real>(
                                         og,
                                     )
                                 };
-                                store(
-                                    dst,
-                                    src,
-                                    |co| bias.map_or(T::ZERO, |b| b[group * og + co]),
-                                    bias.is_some(),
-                                    do_relu,
-                                );
+                                dst.copy_from_slice(src);
+                                let b = bias.map_or(RowBias::None, |b| {
+                                    RowBias::Each(&b[group * og..][..og])
+                                });
+                                epilogue(dst, b, act);
                             }
                         }
                     }
@@ -184,27 +183,4 @@ pub(super) fn conv<T: Real>(
         (cg + og) * pw * std::mem::size_of::<T>(),
         &job,
     );
-}
-
-/// `dst[k] = src[k] + bias(k)` (when `add`), then ReLU (when `do_relu`).
-#[inline(always)]
-fn store<T: Real>(dst: &mut [T], src: &[T], bias: impl Fn(usize) -> T, add: bool, do_relu: bool) {
-    match (add, do_relu) {
-        (false, false) => dst.copy_from_slice(src),
-        (true, false) => {
-            for (k, (d, s)) in dst.iter_mut().zip(src).enumerate() {
-                *d = s.add(bias(k));
-            }
-        }
-        (false, true) => {
-            for (d, s) in dst.iter_mut().zip(src) {
-                *d = relu(*s);
-            }
-        }
-        (true, true) => {
-            for (k, (d, s)) in dst.iter_mut().zip(src).enumerate() {
-                *d = relu(s.add(bias(k)));
-            }
-        }
-    }
 }
