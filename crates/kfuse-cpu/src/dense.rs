@@ -254,16 +254,83 @@ fn epilogue_avx512<T: Real>(values: &mut [T], bias: RowBias<T>, activation: Opti
     epilogue_body(values, bias, activation)
 }
 
+/// `dst = epilogue(src)`: [`epilogue`] applied while copying, in one pass.
+pub(crate) fn epilogue_into<T: Real>(
+    dst: &mut [T],
+    src: &[T],
+    bias: RowBias<T>,
+    activation: Option<Activation>,
+) {
+    if matches!(bias, RowBias::None) && activation.is_none() {
+        return dst.copy_from_slice(src);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU has the features the function is compiled for.
+        return unsafe { epilogue_into_avx512(dst, src, bias, activation) };
+    }
+    epilogue_into_body(dst, src, bias, activation)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,fma")]
+fn epilogue_into_avx512<T: Real>(
+    dst: &mut [T],
+    src: &[T],
+    bias: RowBias<T>,
+    activation: Option<Activation>,
+) {
+    epilogue_into_body(dst, src, bias, activation)
+}
+
+#[inline(always)]
+fn epilogue_into_body<T: Real>(
+    dst: &mut [T],
+    src: &[T],
+    bias: RowBias<T>,
+    activation: Option<Activation>,
+) {
+    let dst = &mut dst[..src.len()];
+    match activation {
+        None => biased_into(dst, src, bias, |v| v),
+        Some(Activation::Relu) => biased_into(dst, src, bias, relu),
+        Some(Activation::GeluTanh) => biased_into(dst, src, bias, T::gelu_tanh),
+    }
+}
+
+/// `dst = f(src + bias)`.
+#[inline(always)]
+fn biased_into<T: Real>(dst: &mut [T], src: &[T], bias: RowBias<T>, f: impl Fn(T) -> T) {
+    match bias {
+        RowBias::None => dst.iter_mut().zip(src).for_each(|(d, v)| *d = f(*v)),
+        RowBias::Same(b) => dst.iter_mut().zip(src).for_each(|(d, v)| *d = f(v.add(b))),
+        RowBias::Each(b) => dst
+            .iter_mut()
+            .zip(src)
+            .zip(b)
+            .for_each(|((d, v), b)| *d = f(v.add(*b))),
+    }
+}
+
 #[inline(always)]
 fn epilogue_body<T: Real>(values: &mut [T], bias: RowBias<T>, activation: Option<Activation>) {
-    match bias {
-        RowBias::None => {}
-        RowBias::Same(b) => values.iter_mut().for_each(|v| *v = v.add(b)),
-        RowBias::Each(b) => values.iter_mut().zip(b).for_each(|(v, b)| *v = v.add(*b)),
-    }
+    // One pass: bias and activation on each element while it is in a register.
     match activation {
-        None => {}
-        Some(Activation::Relu) => values.iter_mut().for_each(|v| *v = relu(*v)),
-        Some(Activation::GeluTanh) => values.iter_mut().for_each(|v| *v = v.gelu_tanh()),
+        None => biased(values, bias, |v| v),
+        Some(Activation::Relu) => biased(values, bias, relu),
+        Some(Activation::GeluTanh) => biased(values, bias, T::gelu_tanh),
+    }
+}
+
+/// `v = f(v + bias)` over `values`.
+#[inline(always)]
+fn biased<T: Real>(values: &mut [T], bias: RowBias<T>, f: impl Fn(T) -> T) {
+    match bias {
+        RowBias::None => values.iter_mut().for_each(|v| *v = f(*v)),
+        RowBias::Same(b) => values.iter_mut().for_each(|v| *v = f(v.add(b))),
+        RowBias::Each(b) => values
+            .iter_mut()
+            .zip(b)
+            .for_each(|(v, b)| *v = f(v.add(*b))),
     }
 }

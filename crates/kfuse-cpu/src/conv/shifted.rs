@@ -20,7 +20,7 @@
 use kfuse_ir::Layout;
 
 use super::{for_each_band, Geometry};
-use crate::dense::{epilogue, gemm_into, with_scratch, Activation, Init, Out, Real, RowBias};
+use crate::dense::{epilogue_into, gemm_into, with_scratch, Activation, Init, Out, Real, RowBias};
 
 /// Input channels per group below which im2col's one deep GEMM beats `kh × kw` thin ones.
 const MIN_CHANNELS: usize = 16;
@@ -150,8 +150,7 @@ pub(super) fn conv<T: Real>(
                                         ow,
                                     )
                                 };
-                                dst.copy_from_slice(src);
-                            epilogue(dst, b, act);
+                                epilogue_into(dst, src, b, act);
                             }
                         }
                         Layout::Nhwc => {
@@ -165,11 +164,10 @@ pub(super) fn conv<T: Real>(
                                         og,
                                     )
                                 };
-                                dst.copy_from_slice(src);
                                 let b = bias.map_or(RowBias::None, |b| {
                                     RowBias::Each(&b[group * og..][..og])
                                 });
-                                epilogue(dst, b, act);
+                                epilogue_into(dst, src, b, act);
                             }
                         }
                     }
