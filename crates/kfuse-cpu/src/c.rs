@@ -618,7 +618,23 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
                 // The 16 partial results live in one vector value (registers) over the blocks
                 // of 16 terms; the tail and the pairwise tree use the array.
                 let (vty, f) = vt;
-                writeln!(s, "            int64_t jb = 0;\n            {{\n                {vty} vacc;\n                memcpy(&vacc, acc, sizeof acc);\n                for (; jb + 16 <= {n_inner}; jb += 16) {{\n                    {t} val[16];\n                    for (int l = 0; l < 16; l++) {{\n                        int64_t j = jb + l;").unwrap();
+                writeln!(s, "            int64_t jb = 0;\n            {{\n                {vty} vacc;\n                memcpy(&vacc, acc, sizeof acc);").unwrap();
+                if matches!(op, ReduceOp::Max | ReduceOp::Min) {
+                    // max and min give the same bits in any order (a total order on
+                    // non-NaN values, and any NaN makes the canonical NaN), so four
+                    // independent accumulators can take turns: the combine is a chain of
+                    // several dependent instructions, which one accumulator would wait on.
+                    writeln!(s, "                {vty} vacc1 = vacc, vacc2 = vacc, vacc3 = vacc;\n                for (; jb + 64 <= {n_inner}; jb += 64) {{").unwrap();
+                    for u in 0..4 {
+                        writeln!(s, "                    {vty} x{u};\n                    {{\n                        {t} val[16];\n                        for (int l = 0; l < 16; l++) {{\n                            int64_t j = jb + {} + l;", 16 * u).unwrap();
+                        for line in body.lines() {
+                            writeln!(s, "            {line}").unwrap();
+                        }
+                        writeln!(s, "                            val[l] = {};\n                        }}\n                        memcpy(&x{u}, val, sizeof val);\n                    }}", v(value)).unwrap();
+                    }
+                    writeln!(s, "                    vacc = {f}(vacc, x0);\n                    vacc1 = {f}(vacc1, x1);\n                    vacc2 = {f}(vacc2, x2);\n                    vacc3 = {f}(vacc3, x3);\n                }}\n                vacc = {f}({f}(vacc, vacc1), {f}(vacc2, vacc3));").unwrap();
+                }
+                writeln!(s, "                for (; jb + 16 <= {n_inner}; jb += 16) {{\n                    {t} val[16];\n                    for (int l = 0; l < 16; l++) {{\n                        int64_t j = jb + l;").unwrap();
                 for line in body.lines() {
                     writeln!(s, "        {line}").unwrap();
                 }

@@ -571,7 +571,15 @@ fn separable_typed<T: Real>(
                             );
                         }
                     }
-                    finish_band(&out_geometry, dst.ptr(), n, r0, r1, bias, epilogue.activation);
+                    finish_band(
+                        &out_geometry,
+                        dst.ptr(),
+                        n,
+                        r0,
+                        r1,
+                        bias,
+                        epilogue.activation,
+                    );
                 }
             });
         },

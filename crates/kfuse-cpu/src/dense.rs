@@ -236,7 +236,11 @@ pub(crate) enum RowBias<'a, T> {
 /// Applies an epilogue to `values`: the bias, then the activation. Results are those of the
 /// IR's `add` and activation ops, bit for bit; the loops are compiled for AVX-512 as well, where
 /// GELU's exponential vectorizes.
-pub(crate) fn epilogue<T: Real>(values: &mut [T], bias: RowBias<T>, activation: Option<Activation>) {
+pub(crate) fn epilogue<T: Real>(
+    values: &mut [T],
+    bias: RowBias<T>,
+    activation: Option<Activation>,
+) {
     if matches!(bias, RowBias::None) && activation.is_none() {
         return;
     }

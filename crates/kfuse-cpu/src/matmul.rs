@@ -5,7 +5,9 @@
 
 use kfuse_ir::{DType, Shape, Storage};
 
-use crate::dense::{epilogue as apply_epilogue, gemm_into, Activation, Epilogue, Init, Out, Real, RowBias, View};
+use crate::dense::{
+    epilogue as apply_epilogue, gemm_into, Activation, Epilogue, Init, Out, Real, RowBias, View,
+};
 
 /// Bytes of a block of output columns (all rows) aimed for when an activation follows the GEMM:
 /// about one core's L2.
@@ -221,18 +223,16 @@ pub fn matmul(
             Storage::F32(c) => {
                 c.fill(0.0);
                 let bias = plan!(f32).bias;
-                c.chunks_mut(n)
-                    .for_each(|r| {
-                        apply_epilogue(r, bias.map_or(RowBias::None, RowBias::Each), act)
-                    });
+                c.chunks_mut(n).for_each(|r| {
+                    apply_epilogue(r, bias.map_or(RowBias::None, RowBias::Each), act)
+                });
             }
             Storage::F64(c) => {
                 c.fill(0.0);
                 let bias = plan!(f64).bias;
-                c.chunks_mut(n)
-                    .for_each(|r| {
-                        apply_epilogue(r, bias.map_or(RowBias::None, RowBias::Each), act)
-                    });
+                c.chunks_mut(n).for_each(|r| {
+                    apply_epilogue(r, bias.map_or(RowBias::None, RowBias::Each), act)
+                });
             }
             _ => {}
         }

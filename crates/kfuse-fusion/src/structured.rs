@@ -309,10 +309,8 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             Err(why) => {
                 // Worth a note only where an epilogue was there to absorb.
                 let epilogue_user = users.get(&value(last)).into_iter().flatten().any(|&u| {
-                    matches!(
-                        graph.node(u).op,
-                        Op::Binary(BinaryOp::Add)
-                    ) || Activation::of(&graph.node(u).op).is_some()
+                    matches!(graph.node(u).op, Op::Binary(BinaryOp::Add))
+                        || Activation::of(&graph.node(u).op).is_some()
                 });
                 if epilogue_user {
                     notes.push(format!(

@@ -6,6 +6,6 @@ mod program;
 pub mod text;
 
 pub use ir::{Access, Arg, IndexOp, Inst, InstId, InstKind, Kernel, Level};
-pub use lower::{lower, LowerError};
 pub use kfuse_fusion::Activation;
+pub use lower::{lower, LowerError};
 pub use program::{Anchor, BufId, Buffer, BufferKind, Program, Step, StructuredCall};

@@ -379,6 +379,88 @@ fn reductions_are_bit_exact_in_strict_mode() {
 }
 
 #[test]
+fn max_and_min_rows_are_bit_exact_wherever_the_extreme_lies() {
+    // Rows long enough for the compiled max/min's four accumulators (64 terms per step), then a
+    // 16-wide step and a tail. Each row's extreme sits at a different position, so it falls to
+    // every accumulator and lane: a large value, +-inf, a NaN, and zeros of both signs (max and
+    // min must pick +0 and -0 wherever they are).
+    for n in [64usize, 100, 1029] {
+        let rows = 24;
+        let text = format!(
+            "%x = input() name=\"x\" : f32[{rows}, {n}]\n%mx = reduce_max(%x) axes=[1]\n\
+             %mn = reduce_min(%x) axes=[1]\noutput \"mx\" = %mx\noutput \"mn\" = %mn\n"
+        );
+        let g = parse_graph(&text).unwrap();
+        let mut rng = Rng::new(n as u64);
+        let mut values = Vec::with_capacity(rows * n);
+        for r in 0..rows {
+            let at = (r * 37 + 11) % n;
+            for j in 0..n {
+                let base = (rng.below(2000) as f32 - 1000.0) / 1024.0;
+                let v = match r % 6 {
+                    0 => {
+                        if j == at {
+                            100.0 + r as f32
+                        } else {
+                            base
+                        }
+                    }
+                    1 => {
+                        if j == at {
+                            -100.0 - r as f32
+                        } else {
+                            base
+                        }
+                    }
+                    2 => {
+                        if j == at {
+                            f32::NAN
+                        } else {
+                            base
+                        }
+                    }
+                    3 => {
+                        if j == at {
+                            f32::INFINITY
+                        } else if j == (at + 1) % n {
+                            f32::NEG_INFINITY
+                        } else {
+                            base
+                        }
+                    }
+                    4 => {
+                        if j == at {
+                            0.0
+                        } else {
+                            -0.0
+                        }
+                    }
+                    _ => {
+                        if j == at {
+                            -0.0
+                        } else {
+                            0.0
+                        }
+                    }
+                };
+                values.push(v);
+            }
+        }
+        let x = Array::from_vec(vec![rows, n], values).unwrap();
+        let inputs = [("x".to_string(), x)];
+        check_strict(&g, &inputs, &format!("max/min rows of {n}"));
+        // Fast numerics may reorder sums, but max and min have one answer in any order.
+        let want = kfuse_interp::run(&g, &inputs, &CustomOps::new()).unwrap();
+        let (fast, _) = build(&g, Numerics::Fast)
+            .run(&inputs, &CustomOps::new())
+            .unwrap();
+        for ((name, w), (_, f)) in want.iter().zip(&fast) {
+            assert_eq!(same(f, w), None, "fast {name}, rows of {n}");
+        }
+    }
+}
+
+#[test]
 fn random_graphs_are_bit_exact_in_strict_mode() {
     let mut compiled_kernels = 0;
     let mut folded = 0;

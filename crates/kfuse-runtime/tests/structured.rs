@@ -431,7 +431,12 @@ fn random_convolutions_match_the_reference() {
         // One draw in four has 16-19 channels per group and fewer outputs, the shifted-GEMM
         // path at stride 1.
         let wide = rng.below(4) == 0;
-        let c_in = groups * if wide { 15 + pick(&mut rng, 4) } else { pick(&mut rng, 3) };
+        let c_in = groups
+            * if wide {
+                15 + pick(&mut rng, 4)
+            } else {
+                pick(&mut rng, 3)
+            };
         let depthwise = !wide && rng.below(4) == 0;
         let (groups, c_out) = if depthwise {
             (c_in, c_in * pick(&mut rng, 2))

@@ -14,7 +14,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("kfuse-opt", &["kfuse-ir", "kfuse-interp"]),
     ("kfuse-fusion", &["kfuse-ir"]),
     ("kfuse-kernel", &["kfuse-ir", "kfuse-fusion"]),
-    ("kfuse-cpu", &["kfuse-ir", "kfuse-math", "kfuse-interp", "kfuse-kernel"]),
+    (
+        "kfuse-cpu",
+        &["kfuse-ir", "kfuse-math", "kfuse-interp", "kfuse-kernel"],
+    ),
     (
         "kfuse-runtime",
         &[
