@@ -17,6 +17,7 @@ pub use crate::dense::{Epilogue, View};
 use crate::Pool;
 
 mod depthwise;
+mod direct;
 mod shifted;
 
 /// Bytes of the per-task tile (im2col columns or depthwise output) aimed for: the size of one
@@ -213,8 +214,13 @@ fn conv2d_typed<T: Real>(
     let y = output::<T>(out, out_dims)?;
     if !y.is_empty() {
         let is_depthwise = g.groups == g.x[1] && g.y[1] == g.x[1];
+        let direct = || Some((T::f32s(xs)?, T::f32s(ws)?, T::f32s(bias.unwrap_or(&[]))?));
         if is_depthwise {
             depthwise(&g, xs, ws, y, bias, epilogue.activation);
+        } else if let (true, Some((xs, ws, b)), Some(y)) =
+            (direct::applies(&g), direct(), T::f32s_mut(y))
+        {
+            direct::conv(&g, xs, ws, y, bias.map(|_| b), epilogue.activation);
         } else if shifted::applies(&g) {
             shifted::conv(&g, xs, ws, y, bias, epilogue.activation);
         } else {

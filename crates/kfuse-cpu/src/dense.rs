@@ -35,12 +35,15 @@ pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
     /// `self * a + b`, fused (one rounding) where the code is compiled with FMA.
     fn mul_add(self, a: Self, b: Self) -> Self;
     fn gelu_tanh(self) -> Self;
+    /// The slice as f32, if `Self` is f32.
+    fn f32s(values: &[Self]) -> Option<&[f32]>;
+    fn f32s_mut(values: &mut [Self]) -> Option<&mut [f32]>;
     fn slice(storage: &Storage) -> Option<&[Self]>;
     fn slice_mut(storage: &mut Storage) -> Option<&mut [Self]>;
 }
 
 macro_rules! real {
-    ($t:ty, $variant:ident, $gelu:path) => {
+    ($t:ty, $variant:ident, $gelu:path, $f32s:expr, $f32s_mut:expr) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -71,6 +74,12 @@ macro_rules! real {
             fn gelu_tanh(self) -> Self {
                 $gelu(self)
             }
+            fn f32s(values: &[Self]) -> Option<&[f32]> {
+                $f32s(values)
+            }
+            fn f32s_mut(values: &mut [Self]) -> Option<&mut [f32]> {
+                $f32s_mut(values)
+            }
             fn slice(storage: &Storage) -> Option<&[Self]> {
                 match storage {
                     Storage::$variant(v) => Some(v),
@@ -86,8 +95,8 @@ macro_rules! real {
         }
     };
 }
-real!(f32, F32, kfuse_math::gelu_tanh_f32);
-real!(f64, F64, kfuse_math::gelu_tanh_f64);
+real!(f32, F32, kfuse_math::gelu_tanh_f32, Some, Some);
+real!(f64, F64, kfuse_math::gelu_tanh_f64, |_| None, |_| None);
 
 /// A raw output pointer shared by tasks that write disjoint parts.
 #[derive(Clone, Copy)]

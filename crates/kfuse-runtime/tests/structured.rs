@@ -161,6 +161,11 @@ fn cases() -> Vec<Case> {
         case([1, 20, 8, 13], 12, [3, 2], [1, 1], [2, 0, 1, 2], [2, 1], 1),
         case([1, 32, 6, 7], 32, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 2),
         case([1, 16, 70, 19], 9, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        // The direct f32 kernel's blocks: 8 output channels (13: a partial block) by 48
+        // positions (rows of 37 + 2 padding columns end mid-block), 64 channels as in W7.
+        case([1, 24, 10, 37], 13, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        case([2, 64, 9, 20], 64, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        case([1, 8, 11, 30], 24, [5, 3], [1, 1], [2, 2, 0, 3], [1, 2], 2),
         // Size 1 everywhere, a kernel larger than the input, and an empty batch.
         case([1, 1, 1, 1], 1, [1, 1], [1, 1], [0; 4], [1, 1], 1),
         case([1, 3, 2, 2], 2, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
