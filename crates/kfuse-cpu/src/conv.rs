@@ -523,6 +523,20 @@ fn separable_typed<T: Real>(
     if y.is_empty() {
         return Ok(());
     }
+    if g.layout == Layout::Nchw && crate::dense::has_avx512() {
+        let f32s = (
+            T::f32s(xs),
+            T::f32s(wd),
+            T::f32s(wp),
+            T::f32s(bias.unwrap_or(&[])),
+        );
+        if let ((Some(xs), Some(wd), Some(wp), Some(b)), Some(y)) = (f32s, T::f32s_mut(y)) {
+            let bias = bias.map(|_| b);
+            direct::separable(&g, xs, wd, wp, c_out, y, bias, epilogue.activation);
+            return Ok(());
+        }
+    }
+    let y = output::<T>(out, out_dims)?;
     let dst = Out(y.as_mut_ptr());
     for_each_band(
         n_images,

@@ -23,7 +23,7 @@ use std::arch::x86_64::*;
 use kfuse_ir::Layout;
 
 use super::{for_each_band, Geometry};
-use crate::dense::{epilogue_into, has_avx512, with_scratch, Activation, Out, RowBias};
+use crate::dense::{epilogue, epilogue_into, has_avx512, with_scratch, Activation, Out, RowBias};
 
 /// Output channels per microkernel block.
 const OB: usize = 8;
@@ -55,20 +55,8 @@ pub(super) fn conv(
     let pw = ow + (kw - 1) * dw;
     let (pt, pl) = (g.pad[0], g.pad[1]);
     let cols = in_w.min(pw - pl.min(pw));
-    let blocks = og.div_ceil(OB);
-    // Weights per group as [block][channel][tap][OB], zero past the last output channel.
-    let mut packed = vec![0.0f32; g.groups * blocks * cg * taps * OB];
-    for group in 0..g.groups {
-        for o in 0..og {
-            let (b, lane) = (o / OB, o % OB);
-            for ci in 0..cg {
-                for t in 0..taps {
-                    packed[(((group * blocks + b) * cg + ci) * taps + t) * OB + lane] =
-                        ws[((group * og + o) * cg + ci) * taps + t];
-                }
-            }
-        }
-    }
+    let packed = pack(ws, g.groups, og, cg * taps);
+    let per_group = packed.len() / g.groups;
     let offsets: Vec<usize> = (0..kh)
         .flat_map(|i| (0..kw).map(move |j| i * dh * pw + j * dw))
         .collect();
@@ -81,7 +69,7 @@ pub(super) fn conv(
         let q = (rows - 1) * pw + ow;
         let q_blocks = q.div_ceil(QB) * QB;
         let plane = ph * pw + QB;
-        let stage_rows = blocks * OB;
+        let stage_rows = og.div_ceil(OB) * OB;
         with_scratch(
             cg * plane + stage_rows * q_blocks,
             |scratch: &mut [f32]| {
@@ -97,32 +85,24 @@ pub(super) fn conv(
                             xpad[ci * plane + t * pw + pl..][..cols].copy_from_slice(src);
                         }
                     }
-                    let w_group =
-                        &packed[group * blocks * cg * taps * OB..][..blocks * cg * taps * OB];
-                    for qb in (0..q_blocks).step_by(QB) {
-                        for b in 0..blocks {
-                            let w = &w_group[b * cg * taps * OB..][..cg * taps * OB];
-                            let first = group * og + b * OB;
-                            let finish = Finish {
-                                bias: bias.map(|bias| {
-                                    std::array::from_fn(|o| {
-                                        if b * OB + o < og {
-                                            bias[first + o]
-                                        } else {
-                                            0.0
-                                        }
-                                    })
-                                }),
-                                relu: act == Some(Activation::Relu),
-                            };
-                            let dst = &mut stage[b * OB * q_blocks + qb..];
-                            // SAFETY: `applies` checked the CPU's features; the reads stay in the
-                            // scratch (see `plane`), the writes in the stage's OB rows.
-                            unsafe {
-                                block(&xpad[qb..], plane, &offsets, w, cg, dst, q_blocks, &finish)
-                            };
-                        }
-                    }
+                    let dst = Dst {
+                        ptr: stage.as_mut_ptr(),
+                        stride: q_blocks,
+                        channels: og,
+                        valid: q_blocks,
+                    };
+                    // SAFETY: the stage holds og rows of q_blocks and is this task's.
+                    unsafe {
+                        compute(
+                            xpad,
+                            plane,
+                            &offsets,
+                            &packed[group * per_group..][..per_group],
+                            dst,
+                            bias.map(|b| &b[group * og..][..og]),
+                            act == Some(Activation::Relu),
+                        )
+                    };
                     // The bias and ReLU were applied in registers; another activation is applied
                     // as each row is copied out.
                     let rest = act.filter(|&a| a != Activation::Relu);
@@ -152,6 +132,64 @@ pub(super) fn conv(
     );
 }
 
+/// Weights `[group][out][k]` (`k` = channel × tap) packed per group as `[block][k][OB]`, with
+/// zeros past a group's last output channel.
+pub(super) fn pack(ws: &[f32], groups: usize, og: usize, k: usize) -> Vec<f32> {
+    let blocks = og.div_ceil(OB);
+    let mut packed = vec![0.0f32; groups * blocks * k * OB];
+    for group in 0..groups {
+        for o in 0..og {
+            let (b, lane) = (o / OB, o % OB);
+            for kk in 0..k {
+                packed[((group * blocks + b) * k + kk) * OB + lane] = ws[(group * og + o) * k + kk];
+            }
+        }
+    }
+    packed
+}
+
+/// One group's output: channel `o < dst.channels` at position `q < dst.valid` gets the sum over
+/// input channels `c` and taps `t` of its packed weight times `x[c * plane + offsets[t] + q]`,
+/// plus the bias, then ReLU if asked. `block` checks that `x` holds what this reads (whole
+/// blocks of [`QB`] positions).
+///
+/// # Safety
+/// The elements `dst` addresses must be writable and this thread's alone.
+unsafe fn compute(
+    x: &[f32],
+    plane: usize,
+    offsets: &[usize],
+    packed: &[f32],
+    dst: Dst,
+    bias: Option<&[f32]>,
+    relu: bool,
+) {
+    let blocks = dst.channels.div_ceil(OB);
+    let per_block = packed.len() / blocks;
+    let channels = per_block / (offsets.len() * OB);
+    assert!(has_avx512());
+    for qb in (0..dst.valid).step_by(QB) {
+        for b in 0..blocks {
+            let w = &packed[b * per_block..][..per_block];
+            let finish = Finish {
+                bias: bias.map(|bias| {
+                    std::array::from_fn(|o| bias.get(b * OB + o).copied().unwrap_or(0.0))
+                }),
+                relu,
+            };
+            let part = Dst {
+                ptr: dst.ptr.wrapping_add(b * OB * dst.stride + qb),
+                stride: dst.stride,
+                channels: (dst.channels - b * OB).min(OB),
+                valid: dst.valid - qb,
+            };
+            // SAFETY: the CPU has AVX-512 (asserted); `block` checks its reads, and its writes
+            // are among those the caller vouches for.
+            unsafe { block(&x[qb..], plane, offsets, w, channels, part, &finish) };
+        }
+    }
+}
+
 /// What a block applies to its sums in registers before storing them.
 struct Finish {
     /// One value per output channel of the block, added.
@@ -160,12 +198,24 @@ struct Finish {
     relu: bool,
 }
 
-/// One block: `dst[o][p] = finish(sum over channels c and taps t of w[c][t][o] * x[c * plane
-/// + offsets[t] + p])`, for `o < OB` (rows `dst_stride` apart) and `p < QB`.
+/// Where sums go: output channel `o`, position `q` is `ptr + o * stride + q`, stored for `o <
+/// channels` and `q < valid`.
+#[derive(Clone, Copy)]
+pub(super) struct Dst {
+    pub ptr: *mut f32,
+    pub stride: usize,
+    pub channels: usize,
+    pub valid: usize,
+}
+
+/// One block: output channel `o`, position `p` gets `finish(sum over channels c and taps t of
+/// w[c][t][o] * x[c * plane + offsets[t] + p])`, for `p < QB`, stored as `dst` says (its
+/// `channels` at most `OB`).
 ///
 /// # Safety
-/// The CPU must have AVX-512F. `x`, `w` and `dst` are checked to hold `(cg - 1) * plane +
-/// max(offsets) + QB`, `cg * taps * OB` and `(OB - 1) * dst_stride + QB` elements.
+/// The CPU must have AVX-512F, and the elements `dst` addresses must be writable and this
+/// thread's alone. `x` and `w` are checked to hold `(cg - 1) * plane + max(offsets) + QB` and
+/// `cg * taps * OB` elements.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
@@ -175,14 +225,12 @@ unsafe fn block(
     offsets: &[usize],
     w: &[f32],
     cg: usize,
-    dst: &mut [f32],
-    dst_stride: usize,
+    dst: Dst,
     finish: &Finish,
 ) {
     let taps = offsets.len();
     let reach = offsets.iter().max().copied().unwrap_or(0) + QB;
     assert!(x.len() >= (cg - 1) * plane + reach && w.len() >= cg * taps * OB);
-    assert!(dst.len() >= (OB - 1) * dst_stride + QB);
     let mut acc = [[_mm512_setzero_ps(); NV]; OB];
     let (xp, wp) = (x.as_ptr(), w.as_ptr());
     for c in 0..cg {
@@ -202,7 +250,7 @@ unsafe fn block(
         }
     }
     let zero = _mm512_setzero_ps();
-    for (o, row) in acc.iter().enumerate() {
+    for (o, row) in acc.iter().enumerate().take(dst.channels) {
         for (v, a) in row.iter().enumerate() {
             let mut value = *a;
             if let Some(bias) = &finish.bias {
@@ -212,23 +260,86 @@ unsafe fn block(
                 let negative = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(value, zero);
                 value = _mm512_mask_mov_ps(value, negative, zero);
             }
-            // SAFETY: in bounds by the assertion above.
-            unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(o * dst_stride + 16 * v), value) };
+            let lanes = dst.valid.saturating_sub(16 * v).min(16);
+            // SAFETY: the caller vouches for positions below `valid` of these channels.
+            unsafe {
+                let at = dst.ptr.wrapping_add(o * dst.stride + 16 * v);
+                if lanes == 16 {
+                    _mm512_storeu_ps(at, value);
+                } else if lanes > 0 {
+                    _mm512_mask_storeu_ps(at, ((1u32 << lanes) - 1) as __mmask16, value);
+                }
+            }
         }
     }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 #[allow(clippy::too_many_arguments)]
-unsafe fn block(
-    _: &[f32],
-    _: usize,
-    _: &[usize],
-    _: &[f32],
-    _: usize,
-    _: &mut [f32],
-    _: usize,
-    _: &Finish,
-) {
+unsafe fn block(_: &[f32], _: usize, _: &[usize], _: &[f32], _: usize, _: Dst, _: &Finish) {
     unreachable!("`applies` is false without AVX-512")
+}
+
+/// The depthwise-separable block for f32 NCHW on AVX-512: per band, the depthwise output goes
+/// into a cache-sized tile (one plane per channel, padded to whole blocks), and the pointwise
+/// convolution runs on it as the microkernel with one tap, storing straight to the output
+/// (the band's rows of a channel are contiguous, so there are no padding columns to skip). `g` is the depthwise convolution's geometry; `wp` the `c_out × c` pointwise
+/// weights.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn separable(
+    g: &Geometry,
+    xs: &[f32],
+    wd: &[f32],
+    wp: &[f32],
+    c_out: usize,
+    y: &mut [f32],
+    bias: Option<&[f32]>,
+    act: Option<Activation>,
+) {
+    let [n_images, c, oh, ow] = g.y;
+    let packed = pack(wp, 1, c_out, c);
+    let out = Out(y.as_mut_ptr());
+    let job = |n: usize, band: std::ops::Range<usize>| {
+        let (r0, rows) = (band.start, band.len());
+        let p = rows * ow;
+        let q_blocks = p.div_ceil(QB) * QB;
+        with_scratch(c * q_blocks, |tile: &mut [f32]| {
+            for ch in 0..c {
+                tile[ch * q_blocks + p..(ch + 1) * q_blocks].fill(0.0);
+            }
+            // SAFETY: the tile holds c planes of q_blocks >= p elements, and is this task's.
+            unsafe {
+                super::depthwise::band(g, xs, wd, n, band.clone(), Out(tile.as_mut_ptr()), q_blocks)
+            };
+            // Rows r0.. of every output channel of image n: p contiguous positions each.
+            let dst = Dst {
+                ptr: out.ptr().wrapping_add((n * c_out * oh + r0) * ow),
+                stride: oh * ow,
+                channels: c_out,
+                valid: p,
+            };
+            // SAFETY: those rows are this task's.
+            unsafe {
+                compute(
+                    tile,
+                    q_blocks,
+                    &[0],
+                    &packed,
+                    dst,
+                    bias,
+                    act == Some(Activation::Relu),
+                )
+            };
+            if let Some(rest) = act.filter(|&a| a != Activation::Relu) {
+                for co in 0..c_out {
+                    // SAFETY: as above.
+                    let rows = unsafe {
+                        std::slice::from_raw_parts_mut(dst.ptr.wrapping_add(co * dst.stride), p)
+                    };
+                    epilogue(rows, RowBias::None, Some(rest));
+                }
+            }
+        })
+    };
+    for_each_band(n_images, oh, c * ow * std::mem::size_of::<f32>(), &job);
 }
