@@ -344,6 +344,13 @@ fn structured_matmuls_match_the_reference() {
              %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = relu(%s)\noutput \"y\" = %y\n",
             71,
         ),
+        // A product large enough to split across threads, by blocks of columns (the last one
+        // partial), with its bias.
+        (
+            "%x = input() name=\"x\" : f32[64, 300]\n%w = input() name=\"w\" : f32[300, 260]\n%b = input() name=\"b\" : f32[260]\n\
+             %h = matmul(%x, %w)\n%y = add(%h, %b)\noutput \"y\" = %y\n",
+            301,
+        ),
         // GELU epilogues: over blocks of columns (n >= 128, applied while each block is in
         // cache), over rows (narrow n), in f64, and without a bias.
         (
