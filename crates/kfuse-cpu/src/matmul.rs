@@ -167,10 +167,17 @@ pub fn matmul(
             // matrix bi are this task's alone.
             unsafe {
                 let at = dst.ptr().add(bi * m * n + r0 * n + c0);
-                if r1 - r0 == 1 && !transposed[1] && !by_columns {
+                let gemv_path = r1 - r0 == 1 && !transposed[1] && !by_columns;
+                // With an activation to apply in a pass over the output anyway, the bias joins
+                // that pass; otherwise it is pre-filled into the GEMM's destination.
+                let bias_in_pass = activation.is_some() && !gemv_path;
+                if gemv_path {
                     gemv(k, n, lhs, a_cs, rhs, at, bias);
                 } else {
-                    let init = bias.map_or(Init::Zero, Init::ColumnBias);
+                    let init = match bias {
+                        Some(b) if !bias_in_pass => Init::ColumnBias(b),
+                        _ => Init::Zero,
+                    };
                     gemm_into(
                         r1 - r0,
                         c1 - c0,
@@ -187,11 +194,14 @@ pub fn matmul(
                         init,
                     );
                 }
-                // The bias went in with the product; the activation is what is left.
                 if activation.is_some() {
+                    let row_bias = match bias {
+                        Some(b) if bias_in_pass => RowBias::Each(b),
+                        _ => RowBias::None,
+                    };
                     for r in 0..r1 - r0 {
                         let row = std::slice::from_raw_parts_mut(at.add(r * n), c1 - c0);
-                        apply_epilogue(row, RowBias::None, activation);
+                        apply_epilogue(row, row_bias, activation);
                     }
                 }
             }
