@@ -22,6 +22,7 @@ use std::arch::x86_64::*;
 
 use kfuse_ir::Layout;
 
+use super::shifted::Grid;
 use super::{for_each_band, Geometry};
 use crate::dense::{epilogue, epilogue_into, has_avx512, with_scratch, Activation, Out, RowBias};
 
@@ -47,23 +48,15 @@ pub(super) fn conv(
     act: Option<Activation>,
 ) {
     let [n_images, c_out, oh, ow] = g.y;
-    let [_, _, in_h, in_w] = g.x;
     let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
-    let (kh, kw) = (g.kh, g.kw);
-    let [dh, dw] = g.dilation;
-    let taps = kh * kw;
-    let pw = ow + (kw - 1) * dw;
-    let (pt, pl) = (g.pad[0], g.pad[1]);
-    let cols = in_w.min(pw - pl.min(pw));
-    let packed = pack(ws, g.groups, og, cg * taps);
+    let grid = Grid::new(g);
+    let (pw, offsets) = (grid.pw, &grid.offsets);
+    let packed = pack(ws, g.groups, og, cg * offsets.len());
     let per_group = packed.len() / g.groups;
-    let offsets: Vec<usize> = (0..kh)
-        .flat_map(|i| (0..kw).map(move |j| i * dh * pw + j * dw))
-        .collect();
     let out = Out(y.as_mut_ptr());
     let job = |n: usize, band: std::ops::Range<usize>| {
         let (r0, rows) = (band.start, band.len());
-        let ph = rows + (kh - 1) * dh;
+        let ph = grid.rows(rows);
         // Positions computed: whole blocks covering the band's last valid pixel. Reads reach
         // `q_blocks - 1 + offsets.last()`, at most `ph * pw + QB - 1`, hence the plane's tail.
         let q = (rows - 1) * pw + ow;
@@ -76,15 +69,7 @@ pub(super) fn conv(
                 let (xpad, stage) = scratch.split_at_mut(cg * plane);
                 xpad.fill(0.0);
                 for group in 0..g.groups {
-                    for t in 0..ph {
-                        let Some(h) = (r0 + t).checked_sub(pt).filter(|&h| h < in_h) else {
-                            continue;
-                        };
-                        for ci in 0..cg {
-                            let src = &xs[g.x_offset(n, group * cg + ci, h, 0)..][..cols];
-                            xpad[ci * plane + t * pw + pl..][..cols].copy_from_slice(src);
-                        }
-                    }
+                    grid.fill(g, xs, n, group, r0, ph, plane, xpad);
                     let dst = Dst {
                         ptr: stage.as_mut_ptr(),
                         stride: q_blocks,
@@ -96,7 +81,7 @@ pub(super) fn conv(
                         compute(
                             xpad,
                             plane,
-                            &offsets,
+                            offsets,
                             &packed[group * per_group..][..per_group],
                             dst,
                             bias.map(|b| &b[group * og..][..og]),

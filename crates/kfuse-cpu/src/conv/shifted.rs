@@ -32,6 +32,73 @@ pub(super) fn applies(g: &Geometry) -> bool {
     g.stride == [1, 1] && g.kh * g.kw > 1 && cg >= MIN_CHANNELS && g.out_channels_per_group() <= cg
 }
 
+/// The padded grid of a stride-1 convolution: rows `pw` wide (the input row with its left and
+/// right padding), on which output pixel `(r, x)` of a band sits at `r * pw + x` and its tap
+/// `(i, j)` reads `offsets[i * kw + j] = i * dh * pw + j * dw` further on. The direct kernel
+/// uses it too.
+pub(super) struct Grid {
+    pub pw: usize,
+    pub offsets: Vec<usize>,
+}
+
+impl Grid {
+    pub(super) fn new(g: &Geometry) -> Grid {
+        let [dh, dw] = g.dilation;
+        // With stride 1, `ow = in_w + pad_left + pad_right - (kw - 1) * dw`: the padded row.
+        let pw = g.y[3] + (g.kw - 1) * dw;
+        let offsets = (0..g.kh)
+            .flat_map(|i| (0..g.kw).map(move |j| i * dh * pw + j * dw))
+            .collect();
+        Grid { pw, offsets }
+    }
+
+    /// Input rows that a band of `rows` output rows reads.
+    pub(super) fn rows(&self, rows: usize) -> usize {
+        rows + self.offsets.last().map_or(0, |&o| o / self.pw)
+    }
+
+    /// Copies input rows `r0 - pad_top ..` (`ph` of them) of `group`'s channels of image `n`
+    /// into `xpad`, on the grid: NCHW as one plane per channel, `plane` apart; NHWC as
+    /// `[row][column][channel]`. Rows and columns outside the input are not written, so the
+    /// zeros a caller put there stay (they are at the same places for every group).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn fill<T: Real>(
+        &self,
+        g: &Geometry,
+        xs: &[T],
+        n: usize,
+        group: usize,
+        r0: usize,
+        ph: usize,
+        plane: usize,
+        xpad: &mut [T],
+    ) {
+        let [_, _, in_h, in_w] = g.x;
+        let cg = g.in_channels_per_group();
+        let (pt, pl, pw) = (g.pad[0], g.pad[1], self.pw);
+        let cols = in_w.min(pw - pl.min(pw));
+        for t in 0..ph {
+            let Some(h) = (r0 + t).checked_sub(pt).filter(|&h| h < in_h) else {
+                continue;
+            };
+            match g.layout {
+                Layout::Nchw => {
+                    for ci in 0..cg {
+                        let src = &xs[g.x_offset(n, group * cg + ci, h, 0)..][..cols];
+                        xpad[ci * plane + t * pw + pl..][..cols].copy_from_slice(src);
+                    }
+                }
+                Layout::Nhwc => {
+                    for x in 0..cols {
+                        let src = &xs[g.x_offset(n, group * cg, h, x)..][..cg];
+                        xpad[(t * pw + pl + x) * cg..][..cg].copy_from_slice(src);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The convolution of `g` into `y`, with the epilogue.
 pub(super) fn conv<T: Real>(
     g: &Geometry,
@@ -42,19 +109,15 @@ pub(super) fn conv<T: Real>(
     act: Option<Activation>,
 ) {
     let [n_images, c_out, oh, ow] = g.y;
-    let [_, _, in_h, in_w] = g.x;
     let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
     let (kh, kw) = (g.kh, g.kw);
-    let [dh, dw] = g.dilation;
     let taps = kh * kw;
-    // With stride 1, `ow = in_w + pad_left + pad_right - (kw - 1) * dw`: the padded row.
-    let pw = ow + (kw - 1) * dw;
-    let (pt, pl) = (g.pad[0], g.pad[1]);
-    let cols = in_w.min(pw - pl.min(pw));
+    let grid = Grid::new(g);
+    let pw = grid.pw;
     let out = Out(y.as_mut_ptr());
     let job = |n: usize, band: std::ops::Range<usize>| {
         let (r0, rows) = (band.start, band.len());
-        let ph = rows + (kh - 1) * dh;
+        let ph = grid.rows(rows);
         let plane = ph * pw;
         // GEMM columns: the band's pixels on the padded grid, up to its last valid one.
         let q = (rows - 1) * pw + ow;
@@ -62,31 +125,11 @@ pub(super) fn conv<T: Real>(
             let (xpad, stage) = scratch.split_at_mut(cg * plane);
             xpad.fill(T::ZERO);
             for group in 0..g.groups {
-                // The rows r0 - pt .. r0 - pt + ph of this group's channels; padding stays zero
-                // (it sits at the same places for every group).
-                for t in 0..ph {
-                    let Some(h) = (r0 + t).checked_sub(pt).filter(|&h| h < in_h) else {
-                        continue;
-                    };
-                    match g.layout {
-                        Layout::Nchw => {
-                            for ci in 0..cg {
-                                let src = &xs[g.x_offset(n, group * cg + ci, h, 0)..][..cols];
-                                xpad[ci * plane + t * pw + pl..][..cols].copy_from_slice(src);
-                            }
-                        }
-                        Layout::Nhwc => {
-                            for x in 0..cols {
-                                let src = &xs[g.x_offset(n, group * cg, h, x)..][..cg];
-                                xpad[(t * pw + pl + x) * cg..][..cg].copy_from_slice(src);
-                            }
-                        }
-                    }
-                }
+                grid.fill(g, xs, n, group, r0, ph, plane, xpad);
                 let w_group = &ws[group * og * cg * taps..][..og * cg * taps];
                 for i in 0..kh {
                     for j in 0..kw {
-                        let shift = i * dh * pw + j * dw;
+                        let shift = grid.offsets[i * kw + j];
                         // Weights of tap (i, j): og × cg, rows cg·taps apart, columns taps apart.
                         let lhs = w_group[i * kw + j..].as_ptr();
                         let init = if i == 0 && j == 0 {
