@@ -233,6 +233,9 @@ fn structured_head(graph: &Graph, group: &kfuse::fusion::StructuredGroup) -> Str
     if let Some(a) = group.bias_add {
         epilogue.push(format!("per-channel bias add %{}", a.0));
     }
+    if let Some(a) = group.residual_add {
+        epilogue.push(format!("residual add %{}", a.0));
+    }
     if let Some(a) = group.activation {
         epilogue.push(format!("{} %{}", graph.node(a).op.name(), a.0));
     }

@@ -11,7 +11,7 @@
 
 use kfuse_ir::{Conv2dAttrs, DType, Layout, Storage};
 
-use crate::dense::{epilogue, gemm_into, with_scratch, Activation, Init, Out, Real, RowBias};
+use crate::dense::{epilogue, gemm_into, with_scratch, Activation, Init, Out, Real, RowBias, Tail};
 pub use crate::dense::{Epilogue, View};
 
 use crate::Pool;
@@ -38,9 +38,65 @@ fn dims(shape: &[usize], layout: Layout) -> [usize; 4] {
     }
 }
 
-/// The bias of one output channel's run of values.
-fn channel_bias<T: Real>(bias: Option<&[T]>, channel: usize) -> RowBias<'static, T> {
-    bias.map_or(RowBias::None, |b| RowBias::Same(b[channel]))
+/// A convolution's epilogue with its operands typed: a per-channel bias, a residual of the
+/// output's shape, an activation, applied in that order.
+#[derive(Clone, Copy)]
+struct Post<'a, T> {
+    bias: Option<&'a [T]>,
+    residual: Option<&'a [T]>,
+    act: Option<Activation>,
+}
+
+impl<'a, T: Real> Post<'a, T> {
+    /// Checks the epilogue's operands against the output (`channels`, `elems`) and types them.
+    fn new(epilogue: &Epilogue<'a>, channels: usize, elems: usize) -> Result<Self, String> {
+        let residual = match epilogue.residual {
+            None => None,
+            Some(r) => {
+                let values = T::slice(r).ok_or("the residual dtype differs from the output's")?;
+                if values.len() != elems {
+                    return Err(format!(
+                        "the residual has {} elements for an output of {elems}",
+                        values.len()
+                    ));
+                }
+                Some(values)
+            }
+        };
+        Ok(Post {
+            bias: bias_values(epilogue, channels)?,
+            residual,
+            act: epilogue.activation,
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.bias.is_none() && self.residual.is_none() && self.act.is_none()
+    }
+
+    /// The tail for `len` values of output channel `channel` that start at output element `at`
+    /// (an NCHW run).
+    fn channel(&self, channel: usize, at: usize, len: usize) -> Tail<'a, T> {
+        Tail {
+            bias: self
+                .bias
+                .map_or(RowBias::None, |b| RowBias::Same(b[channel])),
+            residual: self.residual.map(|r| &r[at..][..len]),
+            activation: self.act,
+        }
+    }
+
+    /// The tail for output channels `channels` of one pixel, the first at output element `at`
+    /// (an NHWC run).
+    fn pixel(&self, channels: std::ops::Range<usize>, at: usize) -> Tail<'a, T> {
+        Tail {
+            bias: self
+                .bias
+                .map_or(RowBias::None, |b| RowBias::Each(&b[channels.clone()])),
+            residual: self.residual.map(|r| &r[at..][..channels.len()]),
+            activation: self.act,
+        }
+    }
 }
 
 /// Checks operand dtypes and returns the bias values.
@@ -210,36 +266,48 @@ fn conv2d_typed<T: Real>(
     let xs = T::slice(x.storage).ok_or("conv2d input dtype")?;
     let ws = T::slice(w.storage).ok_or("conv2d operands must share a dtype")?;
     let g = Geometry::new(x.dims, w.dims, attrs, out_dims);
-    let bias = bias_values::<T>(epilogue, g.y[1])?;
     let y = output::<T>(out, out_dims)?;
+    let post = Post::<T>::new(epilogue, g.y[1], y.len())?;
     if !y.is_empty() {
         let is_depthwise = g.groups == g.x[1] && g.y[1] == g.x[1];
-        let direct = || Some((T::f32s(xs)?, T::f32s(ws)?, T::f32s(bias.unwrap_or(&[]))?));
         if is_depthwise {
-            depthwise(&g, xs, ws, y, bias, epilogue.activation);
-        } else if let (true, Some((xs, ws, b)), Some(y)) =
-            (direct::applies(&g), direct(), T::f32s_mut(y))
-        {
-            direct::conv(&g, xs, ws, y, bias.map(|_| b), epilogue.activation);
+            depthwise(&g, xs, ws, y, post);
+        } else if let (true, Some((xs, ws, post)), Some(y)) = (
+            direct::applies(&g),
+            f32_operands(xs, ws, post),
+            T::f32s_mut(y),
+        ) {
+            direct::conv(&g, xs, ws, y, post);
         } else if shifted::applies(&g) {
-            shifted::conv(&g, xs, ws, y, bias, epilogue.activation);
+            shifted::conv(&g, xs, ws, y, post);
         } else {
-            im2col_gemm(&g, xs, ws, y, bias, epilogue.activation);
+            im2col_gemm(&g, xs, ws, y, post);
         }
     }
     Ok(())
 }
 
+/// The operands as f32, if `T` is f32.
+fn f32_operands<'a, T: Real>(
+    xs: &'a [T],
+    ws: &'a [T],
+    post: Post<'a, T>,
+) -> Option<(&'a [f32], &'a [f32], Post<'a, f32>)> {
+    let typed = |v: Option<&'a [T]>| match v {
+        None => Some(None),
+        Some(v) => T::f32s(v).map(Some),
+    };
+    let post = Post {
+        bias: typed(post.bias)?,
+        residual: typed(post.residual)?,
+        act: post.act,
+    };
+    Some((T::f32s(xs)?, T::f32s(ws)?, post))
+}
+
 /// General convolution: per task, the im2col columns of a band of output rows, one GEMM per
 /// group, then the epilogue on the band.
-fn im2col_gemm<T: Real>(
-    g: &Geometry,
-    xs: &[T],
-    ws: &[T],
-    y: &mut [T],
-    bias: Option<&[T]>,
-    act: Option<Activation>,
-) {
+fn im2col_gemm<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Post<T>) {
     let [n_images, c_out, oh, ow] = g.y;
     let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
     let k = cg * g.kh * g.kw;
@@ -346,7 +414,7 @@ fn im2col_gemm<T: Real>(
             }
         });
         // SAFETY: as above, this band belongs to this task.
-        unsafe { finish_band(g, out.ptr(), n, r0, r1, bias, act) };
+        unsafe { finish_band(g, out.ptr(), n, r0, r1, post) };
     };
     for_each_band(n_images, oh, k * ow * std::mem::size_of::<T>(), &job);
 }
@@ -361,51 +429,35 @@ unsafe fn finish_band<T: Real>(
     n: usize,
     r0: usize,
     r1: usize,
-    bias: Option<&[T]>,
-    act: Option<Activation>,
+    post: Post<T>,
 ) {
-    if bias.is_none() && act.is_none() {
+    if post.is_empty() {
         return;
     }
     let [_, c_out, oh, ow] = g.y;
     match g.layout {
         Layout::Nchw => {
             for c in 0..c_out {
+                let (at, len) = (((n * c_out + c) * oh + r0) * ow, (r1 - r0) * ow);
                 // SAFETY: rows r0..r1 of channel c of image n lie inside `y`.
-                let rows = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        y.add(((n * c_out + c) * oh + r0) * ow),
-                        (r1 - r0) * ow,
-                    )
-                };
-                epilogue(rows, channel_bias(bias, c), act);
+                let rows = unsafe { std::slice::from_raw_parts_mut(y.add(at), len) };
+                epilogue(rows, post.channel(c, at, len));
             }
         }
         Layout::Nhwc => {
+            let first = (n * oh + r0) * ow * c_out;
             // SAFETY: as above; NHWC rows r0..r1 are contiguous.
-            let band = unsafe {
-                std::slice::from_raw_parts_mut(
-                    y.add((n * oh + r0) * ow * c_out),
-                    (r1 - r0) * ow * c_out,
-                )
-            };
-            let bias = bias.map_or(RowBias::None, RowBias::Each);
-            for pixel in band.chunks_mut(c_out) {
-                epilogue(pixel, bias, act);
+            let band =
+                unsafe { std::slice::from_raw_parts_mut(y.add(first), (r1 - r0) * ow * c_out) };
+            for (p, pixel) in band.chunks_mut(c_out).enumerate() {
+                epilogue(pixel, post.pixel(0..c_out, first + p * c_out));
             }
         }
     }
 }
 
 /// Depthwise convolution (one filter per channel) over (image, band) tasks.
-fn depthwise<T: Real>(
-    g: &Geometry,
-    xs: &[T],
-    ws: &[T],
-    y: &mut [T],
-    bias: Option<&[T]>,
-    act: Option<Activation>,
-) {
+fn depthwise<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Post<T>) {
     let [n_images, c, oh, ow] = g.y;
     let out = Out(y.as_mut_ptr());
     for_each_band(
@@ -432,7 +484,7 @@ fn depthwise<T: Real>(
                 )
             };
             // SAFETY: as above.
-            unsafe { finish_band(g, out.ptr(), n, r0, r1, bias, act) };
+            unsafe { finish_band(g, out.ptr(), n, r0, r1, post) };
         },
     );
 }
@@ -518,21 +570,16 @@ fn separable_typed<T: Real>(
         groups: 1,
         layout: g.layout,
     };
-    let bias = bias_values::<T>(epilogue, c_out)?;
     let y = output::<T>(out, out_dims)?;
+    let post = Post::<T>::new(epilogue, c_out, y.len())?;
     if y.is_empty() {
         return Ok(());
     }
     if g.layout == Layout::Nchw && crate::dense::has_avx512() {
-        let f32s = (
-            T::f32s(xs),
-            T::f32s(wd),
-            T::f32s(wp),
-            T::f32s(bias.unwrap_or(&[])),
-        );
-        if let ((Some(xs), Some(wd), Some(wp), Some(b)), Some(y)) = (f32s, T::f32s_mut(y)) {
-            let bias = bias.map(|_| b);
-            direct::separable(&g, xs, wd, wp, c_out, y, bias, epilogue.activation);
+        if let (Some((xs, wd, post)), Some(wp), Some(y)) =
+            (f32_operands(xs, wd, post), T::f32s(wp), T::f32s_mut(y))
+        {
+            direct::separable(&g, xs, wd, wp, c_out, y, post);
             return Ok(());
         }
     }
@@ -591,15 +638,7 @@ fn separable_typed<T: Real>(
                             );
                         }
                     }
-                    finish_band(
-                        &out_geometry,
-                        dst.ptr(),
-                        n,
-                        r0,
-                        r1,
-                        bias,
-                        epilogue.activation,
-                    );
+                    finish_band(&out_geometry, dst.ptr(), n, r0, r1, post);
                 }
             });
         },

@@ -12,11 +12,13 @@ pub struct View<'a> {
     pub dims: &'a [usize],
 }
 
-/// Work applied to each output tile after its GEMM.
+/// Work applied to each output tile after its GEMM: per-channel bias, residual, activation.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Epilogue<'a> {
     /// One value per output channel, added.
     pub bias: Option<&'a Storage>,
+    /// Then a residual of the output's shape and dtype, added.
+    pub residual: Option<&'a Storage>,
     /// Then this activation, computed as the IR's op computes it (`kfuse-math`'s definitions,
     /// bit for bit).
     pub activation: Option<Activation>,
@@ -242,108 +244,114 @@ pub(crate) enum RowBias<'a, T> {
     Each(&'a [T]),
 }
 
-/// Applies an epilogue to `values`: the bias, then the activation. Results are those of the
-/// IR's `add` and activation ops, bit for bit; the loops are compiled for AVX-512 as well, where
-/// GELU's exponential vectorizes.
-pub(crate) fn epilogue<T: Real>(
-    values: &mut [T],
-    bias: RowBias<T>,
-    activation: Option<Activation>,
-) {
-    if matches!(bias, RowBias::None) && activation.is_none() {
+/// What is applied to a run of output values after the product, in the IR's order: the bias,
+/// then the residual, then the activation.
+#[derive(Clone, Copy)]
+pub(crate) struct Tail<'a, T> {
+    pub bias: RowBias<'a, T>,
+    /// One value per element of the run (a skip connection), added after the bias.
+    pub residual: Option<&'a [T]>,
+    pub activation: Option<Activation>,
+}
+
+impl<T> Tail<'_, T> {
+    fn is_empty(&self) -> bool {
+        matches!(self.bias, RowBias::None) && self.residual.is_none() && self.activation.is_none()
+    }
+}
+
+/// Applies `tail` to `values`, in one pass. Results are those of the IR's `add` and
+/// activation ops, bit for bit; the loops are compiled for AVX-512 as well, where GELU's
+/// exponential vectorizes.
+pub(crate) fn epilogue<T: Real>(values: &mut [T], tail: Tail<T>) {
+    if tail.is_empty() {
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: the CPU has the features the function is compiled for.
-        return unsafe { epilogue_avx512(values, bias, activation) };
+        return unsafe { epilogue_avx512(values, tail) };
     }
-    epilogue_body(values, bias, activation)
+    epilogue_body(values, tail)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,fma")]
-fn epilogue_avx512<T: Real>(values: &mut [T], bias: RowBias<T>, activation: Option<Activation>) {
-    epilogue_body(values, bias, activation)
+fn epilogue_avx512<T: Real>(values: &mut [T], tail: Tail<T>) {
+    epilogue_body(values, tail)
 }
 
 /// `dst = epilogue(src)`: [`epilogue`] applied while copying, in one pass.
-pub(crate) fn epilogue_into<T: Real>(
-    dst: &mut [T],
-    src: &[T],
-    bias: RowBias<T>,
-    activation: Option<Activation>,
-) {
-    if matches!(bias, RowBias::None) && activation.is_none() {
+pub(crate) fn epilogue_into<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>) {
+    if tail.is_empty() {
         return dst.copy_from_slice(src);
     }
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: the CPU has the features the function is compiled for.
-        return unsafe { epilogue_into_avx512(dst, src, bias, activation) };
+        return unsafe { epilogue_into_avx512(dst, src, tail) };
     }
-    epilogue_into_body(dst, src, bias, activation)
+    epilogue_into_body(dst, src, tail)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,fma")]
-fn epilogue_into_avx512<T: Real>(
-    dst: &mut [T],
-    src: &[T],
-    bias: RowBias<T>,
-    activation: Option<Activation>,
-) {
-    epilogue_into_body(dst, src, bias, activation)
+fn epilogue_into_avx512<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>) {
+    epilogue_into_body(dst, src, tail)
 }
 
 #[inline(always)]
-fn epilogue_into_body<T: Real>(
-    dst: &mut [T],
-    src: &[T],
-    bias: RowBias<T>,
-    activation: Option<Activation>,
-) {
+fn epilogue_into_body<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>) {
     let dst = &mut dst[..src.len()];
-    match activation {
-        None => biased_into(dst, src, bias, |v| v),
-        Some(Activation::Relu) => biased_into(dst, src, bias, relu),
-        Some(Activation::GeluTanh) => biased_into(dst, src, bias, T::gelu_tanh),
+    match tail.activation {
+        None => biased_into(dst, src, tail, |v| v),
+        Some(Activation::Relu) => biased_into(dst, src, tail, relu),
+        Some(Activation::GeluTanh) => biased_into(dst, src, tail, T::gelu_tanh),
     }
 }
 
-/// `dst = f(src + bias)`.
+/// `dst = f(src + bias + residual)`.
 #[inline(always)]
-fn biased_into<T: Real>(dst: &mut [T], src: &[T], bias: RowBias<T>, f: impl Fn(T) -> T) {
-    match bias {
-        RowBias::None => dst.iter_mut().zip(src).for_each(|(d, v)| *d = f(*v)),
-        RowBias::Same(b) => dst.iter_mut().zip(src).for_each(|(d, v)| *d = f(v.add(b))),
-        RowBias::Each(b) => dst
-            .iter_mut()
-            .zip(src)
+fn biased_into<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>, f: impl Fn(T) -> T) {
+    let pairs = dst.iter_mut().zip(src);
+    match (tail.bias, tail.residual) {
+        (RowBias::None, None) => pairs.for_each(|(d, v)| *d = f(*v)),
+        (RowBias::Same(b), None) => pairs.for_each(|(d, v)| *d = f(v.add(b))),
+        (RowBias::Each(b), None) => pairs.zip(b).for_each(|((d, v), b)| *d = f(v.add(*b))),
+        (RowBias::None, Some(r)) => pairs.zip(r).for_each(|((d, v), r)| *d = f(v.add(*r))),
+        (RowBias::Same(b), Some(r)) => pairs
+            .zip(r)
+            .for_each(|((d, v), r)| *d = f(v.add(b).add(*r))),
+        (RowBias::Each(b), Some(r)) => pairs
             .zip(b)
-            .for_each(|((d, v), b)| *d = f(v.add(*b))),
+            .zip(r)
+            .for_each(|(((d, v), b), r)| *d = f(v.add(*b).add(*r))),
     }
 }
 
 #[inline(always)]
-fn epilogue_body<T: Real>(values: &mut [T], bias: RowBias<T>, activation: Option<Activation>) {
-    // One pass: bias and activation on each element while it is in a register.
-    match activation {
-        None => biased(values, bias, |v| v),
-        Some(Activation::Relu) => biased(values, bias, relu),
-        Some(Activation::GeluTanh) => biased(values, bias, T::gelu_tanh),
+fn epilogue_body<T: Real>(values: &mut [T], tail: Tail<T>) {
+    // One pass: bias, residual and activation on each element while it is in a register.
+    match tail.activation {
+        None => biased(values, tail, |v| v),
+        Some(Activation::Relu) => biased(values, tail, relu),
+        Some(Activation::GeluTanh) => biased(values, tail, T::gelu_tanh),
     }
 }
 
-/// `v = f(v + bias)` over `values`.
+/// `v = f(v + bias + residual)` over `values`.
 #[inline(always)]
-fn biased<T: Real>(values: &mut [T], bias: RowBias<T>, f: impl Fn(T) -> T) {
-    match bias {
-        RowBias::None => values.iter_mut().for_each(|v| *v = f(*v)),
-        RowBias::Same(b) => values.iter_mut().for_each(|v| *v = f(v.add(b))),
-        RowBias::Each(b) => values
-            .iter_mut()
+fn biased<T: Real>(values: &mut [T], tail: Tail<T>, f: impl Fn(T) -> T) {
+    let values = values.iter_mut();
+    match (tail.bias, tail.residual) {
+        (RowBias::None, None) => values.for_each(|v| *v = f(*v)),
+        (RowBias::Same(b), None) => values.for_each(|v| *v = f(v.add(b))),
+        (RowBias::Each(b), None) => values.zip(b).for_each(|(v, b)| *v = f(v.add(*b))),
+        (RowBias::None, Some(r)) => values.zip(r).for_each(|(v, r)| *v = f(v.add(*r))),
+        (RowBias::Same(b), Some(r)) => values.zip(r).for_each(|(v, r)| *v = f(v.add(b).add(*r))),
+        (RowBias::Each(b), Some(r)) => values
             .zip(b)
-            .for_each(|(v, b)| *v = f(v.add(*b))),
+            .zip(r)
+            .for_each(|((v, b), r)| *v = f(v.add(*b).add(*r))),
     }
 }

@@ -6,7 +6,8 @@
 use kfuse_ir::{DType, Shape, Storage};
 
 use crate::dense::{
-    epilogue as apply_epilogue, gemm_into, Activation, Epilogue, Init, Out, Real, RowBias, View,
+    epilogue as apply_epilogue, gemm_into, Activation, Epilogue, Init, Out, Real, RowBias, Tail,
+    View,
 };
 
 /// Bytes of a block of output columns (all rows) aimed for when an activation follows the GEMM:
@@ -86,24 +87,24 @@ pub fn matmul(
     // are few, and split the right operand's packing between the threads; blocks of rows
     // would each repack the whole right operand. On W5a's bare GEMM (1024 x 1024 x 4096)
     // columns measured 20.1 ms against 21.6 ms for rows (median of four alternating runs).
-    // Small products are split only if an activation wants the blocks. Otherwise (tall
-    // matrices, narrow outputs) the rows of every batch matrix are split across the threads
-    // when the product is large enough to pay for a split, and the activation follows on each
-    // task's rows.
+    // Small products are split only if a pass over the output (an activation or a residual)
+    // wants the blocks. Otherwise (tall matrices, narrow outputs) the rows of every batch
+    // matrix are split across the threads when the product is large enough to pay for a
+    // split, and the pass follows on each task's rows.
     let elem = a.storage.dtype().size_bytes();
     let large = threads > 1 && m * n * k >= 1 << 22;
+    let pass = epilogue.activation.is_some() || epilogue.residual.is_some();
     let by_cache = (TILE_BYTES / (m.max(1) * elem)) / 64 * 64;
-    let block_cols =
-        if (large || epilogue.activation.is_some()) && m > 1 && n >= 128 && by_cache >= 64 {
-            let by_balance = n.div_ceil(threads.max(1)).div_ceil(64) * 64;
-            Some(if large {
-                by_cache.min(by_balance)
-            } else {
-                by_cache
-            })
+    let block_cols = if (large || pass) && m > 1 && n >= 128 && by_cache >= 64 {
+        let by_balance = n.div_ceil(threads.max(1)).div_ceil(64) * 64;
+        Some(if large {
+            by_cache.min(by_balance)
         } else {
-            None
-        };
+            by_cache
+        })
+    } else {
+        None
+    };
     let (chunks, rows, cols) = match block_cols {
         Some(cols) => (n.div_ceil(cols), m, cols),
         None => {
@@ -128,6 +129,8 @@ pub fn matmul(
         oa: &'a [usize],
         ob: &'a [usize],
         bias: Option<&'a [T]>,
+        /// The whole output's worth of residual values, added after the bias.
+        residual: Option<&'a [T]>,
         activation: Option<Activation>,
     }
     fn run<T: Real>(x: &[T], y: &[T], c: &mut [T], plan: &Plan<T>) {
@@ -142,6 +145,7 @@ pub fn matmul(
             oa,
             ob,
             bias,
+            residual,
             activation,
         } = *plan;
         let dst = Out(c.as_mut_ptr());
@@ -168,9 +172,11 @@ pub fn matmul(
             unsafe {
                 let at = dst.ptr().add(bi * m * n + r0 * n + c0);
                 let gemv_path = r1 - r0 == 1 && !transposed[1] && !by_columns;
-                // With an activation to apply in a pass over the output anyway, the bias joins
-                // that pass; otherwise it is pre-filled into the GEMM's destination.
-                let bias_in_pass = activation.is_some() && !gemv_path;
+                // With an activation or a residual to apply in a pass over the output anyway,
+                // the bias joins that pass; otherwise it is pre-filled into the GEMM's
+                // destination.
+                let pass = activation.is_some() || residual.is_some();
+                let bias_in_pass = pass && !gemv_path;
                 if gemv_path {
                     gemv(k, n, lhs, a_cs, rhs, at, bias);
                 } else {
@@ -194,14 +200,20 @@ pub fn matmul(
                         init,
                     );
                 }
-                if activation.is_some() {
+                if pass {
                     let row_bias = match bias {
                         Some(b) if bias_in_pass => RowBias::Each(b),
                         _ => RowBias::None,
                     };
-                    for r in 0..r1 - r0 {
-                        let row = std::slice::from_raw_parts_mut(at.add(r * n), c1 - c0);
-                        apply_epilogue(row, row_bias, activation);
+                    for r in r0..r1 {
+                        let first = bi * m * n + r * n + c0;
+                        let row = std::slice::from_raw_parts_mut(dst.ptr().add(first), c1 - c0);
+                        let tail = Tail {
+                            bias: row_bias,
+                            residual: residual.map(|res| &res[first..][..c1 - c0]),
+                            activation,
+                        };
+                        apply_epilogue(row, tail);
                     }
                 }
             }
@@ -226,6 +238,10 @@ pub fn matmul(
                     None => None,
                     Some(b) => Some(<$t as Real>::slice(b).ok_or("the bias dtype differs")?),
                 },
+                residual: match epilogue.residual {
+                    None => None,
+                    Some(r) => Some(<$t as Real>::slice(r).ok_or("the residual dtype differs")?),
+                },
                 activation: epilogue.activation,
             }
         };
@@ -235,24 +251,33 @@ pub fn matmul(
             return Err(format!("the bias has {} values for {n} columns", b.len()));
         }
     }
+    if let Some(r) = epilogue.residual {
+        if r.len() != out_elems {
+            return Err(format!(
+                "the residual has {} elements for an output of {out_elems}",
+                r.len()
+            ));
+        }
+    }
     if k == 0 {
         // An empty sum is zero (gemm is not asked to define it); the epilogue still applies.
-        let act = epilogue.activation;
+        macro_rules! empty_sum {
+            ($c:expr, $t:ty) => {{
+                $c.fill(0.0);
+                let plan = plan!($t);
+                for (i, row) in $c.chunks_mut(n).enumerate() {
+                    let tail = Tail {
+                        bias: plan.bias.map_or(RowBias::None, RowBias::Each),
+                        residual: plan.residual.map(|r| &r[i * n..][..n]),
+                        activation: plan.activation,
+                    };
+                    apply_epilogue(row, tail);
+                }
+            }};
+        }
         match out {
-            Storage::F32(c) => {
-                c.fill(0.0);
-                let bias = plan!(f32).bias;
-                c.chunks_mut(n).for_each(|r| {
-                    apply_epilogue(r, bias.map_or(RowBias::None, RowBias::Each), act)
-                });
-            }
-            Storage::F64(c) => {
-                c.fill(0.0);
-                let bias = plan!(f64).bias;
-                c.chunks_mut(n).for_each(|r| {
-                    apply_epilogue(r, bias.map_or(RowBias::None, RowBias::Each), act)
-                });
-            }
+            Storage::F32(c) => empty_sum!(c, f32),
+            Storage::F64(c) => empty_sum!(c, f64),
             _ => {}
         }
         return Ok(());

@@ -3,8 +3,9 @@
 //! ```text
 //! %d = conv2d(%x, %wd) groups=C          (depthwise)      one kernel:
 //! %p = conv2d(%d, %wp)                   (1×1 pointwise)   depthwise tile -> pointwise GEMM
-//! %b = add(%p, %bias)                    (per channel)     -> bias -> activation, per
-//! %y = relu(%b)      (or gelu_tanh)                         output tile
+//! %b = add(%p, %bias)                    (per channel)     -> bias -> residual ->
+//! %r = add(%b, %skip)                     (same shape)      activation, per output tile
+//! %y = relu(%r)      (or gelu_tanh)
 //! ```
 //!
 //! A matmul forms the same kind of group: operands that are transposes of the last two axes
@@ -36,6 +37,11 @@ pub struct StructuredGroup {
     pub bias_add: Option<NodeId>,
     /// The bias operand of `bias_add`.
     pub bias: Option<Value>,
+    /// `add(previous, residual)` with a residual of the output's own shape and dtype (a skip
+    /// connection).
+    pub residual_add: Option<NodeId>,
+    /// The residual operand of `residual_add`.
+    pub residual: Option<Value>,
     /// An [`Activation`] of the previous result.
     pub activation: Option<NodeId>,
 }
@@ -77,13 +83,17 @@ impl StructuredGroup {
             .chain(transposes)
             .chain([self.anchor])
             .chain(self.bias_add)
+            .chain(self.residual_add)
             .chain(self.activation)
             .collect()
     }
 
     /// The node whose result the group writes.
     pub fn last(&self) -> NodeId {
-        self.activation.or(self.bias_add).unwrap_or(self.anchor)
+        self.activation
+            .or(self.residual_add)
+            .or(self.bias_add)
+            .unwrap_or(self.anchor)
     }
 
     /// Why the group's result is stored by one kernel: what it absorbed, and how.
@@ -107,6 +117,7 @@ impl StructuredGroup {
         let epilogue: Vec<String> = self
             .bias_add
             .into_iter()
+            .chain(self.residual_add)
             .chain(self.activation)
             .map(name)
             .collect();
@@ -129,6 +140,7 @@ impl StructuredGroup {
         self.depthwise.is_some()
             || self.transposed.iter().any(Option::is_some)
             || self.bias_add.is_some()
+            || self.residual_add.is_some()
             || self.activation.is_some()
     }
 }
@@ -193,6 +205,20 @@ fn is_pointwise(graph: &Graph, id: NodeId) -> bool {
         && attrs.padding == [0; 4]
 }
 
+/// The other operand of `user` if it is an `add` of `v` and something else.
+fn added_operand(graph: &Graph, user: NodeId, v: Value) -> Option<Value> {
+    let node = graph.node(user);
+    if node.op != Op::Binary(BinaryOp::Add) {
+        return None;
+    }
+    let other = if node.operands[0] == v {
+        node.operands[1]
+    } else {
+        node.operands[0]
+    };
+    (other != v).then_some(other)
+}
+
 /// Whether `bias` adds one value per channel to `conv`'s output without changing its shape.
 fn is_channel_bias(graph: &Graph, conv: NodeId, bias: Value) -> bool {
     let out = &graph.node(conv).types[0];
@@ -255,6 +281,8 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             anchor: id,
             bias_add: None,
             bias: None,
+            residual_add: None,
+            residual: None,
             activation: None,
         };
         if graph.node(id).op == Op::MatMul {
@@ -281,31 +309,51 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
                 )),
             }
         }
+        // The epilogue, in this order: a per-channel bias, a residual (an operand of the
+        // output's own shape), an activation. Each joins only if the value before it has that
+        // one user and is not a graph output.
         let mut last = id;
-        match single_use(graph, &users, value(last)) {
-            Ok(user) => {
-                let node = graph.node(user);
-                if let Op::Binary(BinaryOp::Add) = node.op {
-                    let other = if node.operands[0] == value(last) {
-                        node.operands[1]
-                    } else {
-                        node.operands[0]
-                    };
-                    if other != value(last) && is_channel_bias(graph, id, other) {
-                        group.bias_add = Some(user);
-                        group.bias = Some(other);
-                        last = user;
-                    } else {
-                        notes.push(format!(
-                            "{} %{} keeps add %{} in a separate kernel: the other operand is not \
-                             one value per output channel",
-                            graph.node(id).op.name(),
-                            id.0,
-                            user.0
-                        ));
-                    }
-                }
+        let mut refused_add = None;
+        for residual in [false, true] {
+            let Ok(user) = single_use(graph, &users, value(last)) else {
+                break;
+            };
+            let Some(other) = added_operand(graph, user, value(last)) else {
+                break;
+            };
+            let fits = if residual {
+                graph.ty(other) == graph.ty(value(last))
+            } else {
+                is_channel_bias(graph, id, other)
+            };
+            if !fits {
+                refused_add = Some(user);
+                continue;
             }
+            refused_add = None;
+            if residual {
+                group.residual_add = Some(user);
+                group.residual = Some(other);
+            } else {
+                group.bias_add = Some(user);
+                group.bias = Some(other);
+            }
+            last = user;
+        }
+        if let Some(add) = refused_add {
+            notes.push(format!(
+                "{} %{} keeps add %{} in a separate kernel: the other operand is neither one \
+                 value per output channel nor of the output's shape",
+                graph.node(id).op.name(),
+                id.0,
+                add.0
+            ));
+        }
+        match single_use(graph, &users, value(last)) {
+            Ok(user) if Activation::of(&graph.node(user).op).is_some() => {
+                group.activation = Some(user);
+            }
+            Ok(_) => {}
             Err(why) => {
                 // Worth a note only where an epilogue was there to absorb.
                 let epilogue_user = users.get(&value(last)).into_iter().flatten().any(|&u| {
@@ -314,16 +362,11 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
                 });
                 if epilogue_user {
                     notes.push(format!(
-                        "{} %{} keeps its epilogue in a separate kernel: {why}",
-                        graph.node(id).op.name(),
-                        id.0
+                        "{} %{} keeps the rest of its epilogue in a separate kernel: {why}",
+                        graph.node(last).op.name(),
+                        last.0
                     ));
                 }
-            }
-        }
-        if let Ok(user) = single_use(graph, &users, value(last)) {
-            if Activation::of(&graph.node(user).op).is_some() {
-                group.activation = Some(user);
             }
         }
         if group.absorbs() {

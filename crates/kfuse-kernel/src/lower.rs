@@ -113,12 +113,16 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                 if let Some(bias) = group.bias {
                     inputs.push(buf_of[&bias]);
                 }
+                if let Some(residual) = group.residual {
+                    inputs.push(buf_of[&residual]);
+                }
                 let last = group.last();
                 steps.push(Step::Structured {
                     nodes: group.nodes().iter().map(|n| n.0).collect(),
                     call: StructuredCall {
                         anchor,
                         bias: group.bias.is_some(),
+                        residual: group.residual.is_some(),
                         activation: group
                             .activation
                             .and_then(|a| Activation::of(&graph.node(a).op)),

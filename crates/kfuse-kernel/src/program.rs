@@ -71,8 +71,10 @@ pub enum Anchor {
 #[derive(Clone, Debug, PartialEq)]
 pub struct StructuredCall {
     pub anchor: Anchor,
-    /// Add a per-channel bias (the last input) to the anchor's result.
+    /// Add a per-channel bias (the input after the operands) to the anchor's result.
     pub bias: bool,
+    /// Then add a residual of the output's shape (the last input).
+    pub residual: bool,
     /// Then this activation.
     pub activation: Option<Activation>,
 }
@@ -96,6 +98,9 @@ impl StructuredCall {
             }
         }
         if self.bias {
+            parts.push("add");
+        }
+        if self.residual {
             parts.push("add");
         }
         if let Some(a) = self.activation {

@@ -301,6 +301,7 @@ impl<'a> Runner<'a> {
                     let call = StructuredCall {
                         anchor,
                         bias: false,
+                        residual: false,
                         activation: None,
                     };
                     let view = |i: usize| kfuse_cpu::dense::View {
@@ -529,6 +530,10 @@ fn reference_structured<'a>(
         let bias = array(next.next().expect("bias"));
         y = eval(Op::Binary(BinaryOp::Add), out_ty, &[&y, &bias])?;
     }
+    if call.residual {
+        let residual = array(next.next().expect("residual"));
+        y = eval(Op::Binary(BinaryOp::Add), out_ty, &[&y, &residual])?;
+    }
     if let Some(activation) = call.activation {
         y = eval(Op::Unary(activation.op()), out_ty, &[&y])?;
     }
@@ -537,7 +542,7 @@ fn reference_structured<'a>(
 
 /// Runs a structured call on the fast routines into `out`. `operand(i)` is input `i` of the
 /// step: the activations or left operand, (the depthwise weights,) the weights or right
-/// operand, then the bias if the call adds one.
+/// operand, then the bias and the residual if the call adds them.
 fn fast_structured<'a>(
     call: &StructuredCall,
     operand: &dyn Fn(usize) -> kfuse_cpu::dense::View<'a>,
@@ -545,8 +550,12 @@ fn fast_structured<'a>(
     out_dims: &[usize],
     out: &mut Storage,
 ) -> Result<(), String> {
+    // The bias and the residual, when the call has them, are the last inputs, in that order.
+    let residual = call.residual.then(|| operand(n_inputs - 1).storage);
+    let bias_at = n_inputs - 1 - usize::from(call.residual);
     let epilogue = kfuse_cpu::dense::Epilogue {
-        bias: call.bias.then(|| operand(n_inputs - 1).storage),
+        bias: call.bias.then(|| operand(bias_at).storage),
+        residual,
         activation: call.activation,
     };
     match &call.anchor {

@@ -225,6 +225,63 @@ fn non_finite_inputs_propagate_as_in_the_reference() {
     }
 }
 
+/// A 3×3 convolution (`groups`, stride 1, padding 1, as many outputs as inputs) with a
+/// per-channel bias, a skip connection from its input, and `act` (none if empty): a residual
+/// block's tail.
+fn residual(layout: &str, dtype: &str, x: &str, groups: usize, act: &str) -> (String, usize) {
+    let c: usize = if layout == "nchw" {
+        x.trim_matches(|c| c == '[' || c == ']').split(", ").nth(1)
+    } else {
+        x.trim_matches(|c| c == '[' || c == ']').split(", ").nth(3)
+    }
+    .unwrap()
+    .parse()
+    .unwrap();
+    let bias = if layout == "nchw" {
+        format!("[{c}, 1, 1]")
+    } else {
+        format!("[{c}]")
+    };
+    let mut text = format!(
+        "%x = input() name=\"x\" : {dtype}{x}\n\
+         %w = input() name=\"w\" : {dtype}[{c}, {}, 3, 3]\n\
+         %b = input() name=\"b\" : {dtype}{bias}\n\
+         %c = conv2d(%x, %w) layout={layout} stride=[1, 1] padding=[1, 1, 1, 1] dilation=[1, 1] groups={groups}\n\
+         %s = add(%c, %b)\n%r = add(%x, %s)\n",
+        c / groups
+    );
+    let last = if act.is_empty() {
+        "%r"
+    } else {
+        text += &format!("%y = {act}(%r)\n");
+        "%y"
+    };
+    text += &format!("output \"y\" = {last}\n");
+    (text, c / groups * 9 + 2)
+}
+
+/// A depthwise-separable block with a skip connection around it (MobileNetV2's inverted
+/// residual, without the expansion).
+fn separable_residual(layout: &str) -> (String, usize) {
+    let (x, bias) = if layout == "nchw" {
+        ("[1, 8, 9, 21]", "[8, 1, 1]")
+    } else {
+        ("[1, 9, 21, 8]", "[8]")
+    };
+    (
+        format!(
+            "%x = input() name=\"x\" : f32{x}\n\
+             %wd = input() name=\"wd\" : f32[8, 1, 3, 3]\n\
+             %wp = input() name=\"wp\" : f32[8, 8, 1, 1]\n\
+             %b = input() name=\"b\" : f32{bias}\n\
+             %d = conv2d(%x, %wd) layout={layout} stride=[1, 1] padding=[1, 1, 1, 1] dilation=[1, 1] groups=8\n\
+             %p = conv2d(%d, %wp) layout={layout} stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n\
+             %s = add(%p, %b)\n%r = add(%s, %x)\n%y = relu(%r)\noutput \"y\" = %y\n"
+        ),
+        8 * 9 + 8 + 2,
+    )
+}
+
 /// A program text with its inputs, and the sum length bounding each output's rounding.
 fn structured_programs() -> Vec<(String, usize)> {
     let dsc = |layout: &str, x: &str, stride: &str, bias: &str, relu: bool| {
@@ -272,6 +329,16 @@ fn structured_programs() -> Vec<(String, usize)> {
         conv("nchw", "[2, 6, 9, 10]", "[4, 3, 3, 3]", 2, "[4, 1, 1]", 27),
         conv("nhwc", "[2, 9, 10, 6]", "[5, 6, 3, 3]", 1, "[5]", 54),
         conv("nchw", "[2, 16, 9, 10]", "[8, 16, 3, 3]", 1, "[8, 1, 1]", 144),
+        // Residual blocks: bias, skip connection and activation after every convolution path
+        // (direct f32 NCHW with ReLU and with GELU, NHWC, f64, depthwise, separable).
+        residual("nchw", "f32", "[2, 16, 7, 20]", 16, "relu"),
+        residual("nchw", "f32", "[1, 8, 5, 9]", 1, "gelu_tanh"),
+        residual("nhwc", "f32", "[2, 7, 20, 16]", 1, "relu"),
+        residual("nchw", "f64", "[1, 16, 6, 7]", 1, "relu"),
+        residual("nchw", "f32", "[1, 8, 6, 19]", 8, "relu"),
+        residual("nhwc", "f32", "[1, 5, 6, 8]", 8, ""),
+        separable_residual("nchw"),
+        separable_residual("nhwc"),
         (
             "%x = input() name=\"x\" : f32[1, 6, 7, 9]\n\
              %w = input() name=\"w\" : f32[4, 6, 3, 3]\n\
@@ -350,6 +417,36 @@ fn structured_matmuls_match_the_reference() {
             "%x = input() name=\"x\" : f32[64, 300]\n%w = input() name=\"w\" : f32[300, 260]\n%b = input() name=\"b\" : f32[260]\n\
              %h = matmul(%x, %w)\n%y = add(%h, %b)\noutput \"y\" = %y\n",
             301,
+        ),
+        // Residuals (skip connections): over column blocks, over rows, one-row products (the
+        // GEMV path), batched, f64, with GELU after them, and with K = 0.
+        (
+            "%x = input() name=\"x\" : f32[64, 300]\n%w = input() name=\"w\" : f32[300, 260]\n%b = input() name=\"b\" : f32[260]\n\
+             %r = input() name=\"r\" : f32[64, 260]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = add(%r, %s)\noutput \"y\" = %y\n",
+            302,
+        ),
+        (
+            "%x = input() name=\"x\" : f32[5, 7]\n%w = input() name=\"w\" : f32[7, 9]\n%r = input() name=\"r\" : f32[5, 9]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %r)\n%y = gelu_tanh(%s)\noutput \"y\" = %y\n",
+            8,
+        ),
+        (
+            "%x = input() name=\"x\" : f64[1, 33]\n%w = input() name=\"w\" : f64[33, 70]\n%b = input() name=\"b\" : f64[70]\n\
+             %r = input() name=\"r\" : f64[1, 70]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%t = add(%s, %r)\n%y = relu(%t)\noutput \"y\" = %y\n",
+            35,
+        ),
+        (
+            "%a = input() name=\"a\" : f32[3, 4, 6]\n%w = input() name=\"w\" : f32[6, 130]\n%r = input() name=\"r\" : f32[3, 4, 130]\n\
+             %h = matmul(%a, %w)\n%y = add(%h, %r)\noutput \"y\" = %y\n",
+            7,
+        ),
+        (
+            "%x = input() name=\"x\" : f32[4, 0]\n%w = input() name=\"w\" : f32[0, 3]\n%b = input() name=\"b\" : f32[3]\n\
+             %r = input() name=\"r\" : f32[4, 3]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%t = add(%s, %r)\n%y = relu(%t)\noutput \"y\" = %y\n",
+            2,
         ),
         // GELU epilogues: over blocks of columns (n >= 128, applied while each block is in
         // cache), over rows (narrow n), in f64, and without a bias.
@@ -533,16 +630,25 @@ fn random_structured_matmuls_match_the_reference() {
             "%b"
         };
         text += &format!("%h = matmul({a}, {b})\n%s = add(%h, %bias)\n");
+        // One draw in three adds a skip connection of the output's shape.
+        let sum = if rng.below(3) == 0 {
+            text += &format!(
+                "%skip = input() name=\"skip\" : f32[{batch}{m}, {n}]\n%t = add(%s, %skip)\n"
+            );
+            "%t"
+        } else {
+            "%s"
+        };
         let last = match rng.below(3) {
             0 => {
-                text += "%r = relu(%s)\n";
+                text += &format!("%r = relu({sum})\n");
                 "%r"
             }
             1 => {
-                text += "%r = gelu_tanh(%s)\n";
+                text += &format!("%r = gelu_tanh({sum})\n");
                 "%r"
             }
-            _ => "%s",
+            _ => sum,
         };
         text += &format!("output \"y\" = {last}\n");
         let graph = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
@@ -556,7 +662,7 @@ fn random_structured_matmuls_match_the_reference() {
         check(
             &graph,
             &inputs,
-            kk + 1,
+            kk + 2,
             &format!("random matmul {k}:\n{text}"),
         );
     }

@@ -23,8 +23,8 @@ use std::arch::x86_64::*;
 use kfuse_ir::Layout;
 
 use super::shifted::Grid;
-use super::{for_each_band, Geometry};
-use crate::dense::{epilogue, epilogue_into, has_avx512, with_scratch, Activation, Out, RowBias};
+use super::{for_each_band, Geometry, Post};
+use crate::dense::{epilogue, epilogue_into, has_avx512, with_scratch, Activation, Out};
 
 /// Output channels per microkernel block.
 const OB: usize = 8;
@@ -39,15 +39,9 @@ pub(super) fn applies(g: &Geometry) -> bool {
 }
 
 /// The convolution of `g` into `y`, with the epilogue. Call only where [`applies`] holds.
-pub(super) fn conv(
-    g: &Geometry,
-    xs: &[f32],
-    ws: &[f32],
-    y: &mut [f32],
-    bias: Option<&[f32]>,
-    act: Option<Activation>,
-) {
+pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
     let [n_images, c_out, oh, ow] = g.y;
+    let (in_registers, rest) = split(post);
     let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
     let grid = Grid::new(g);
     let (pw, offsets) = (grid.pw, &grid.offsets);
@@ -84,25 +78,20 @@ pub(super) fn conv(
                             offsets,
                             &packed[group * per_group..][..per_group],
                             dst,
-                            bias.map(|b| &b[group * og..][..og]),
-                            act == Some(Activation::Relu),
+                            in_registers.bias.map(|b| &b[group * og..][..og]),
+                            in_registers.act == Some(Activation::Relu),
                         )
                     };
-                    // The bias and ReLU were applied in registers; another activation is applied
-                    // as each row is copied out.
-                    let rest = act.filter(|&a| a != Activation::Relu);
+                    // The rest of the epilogue is applied as each row is copied out.
                     for co in 0..og {
                         let channel = group * og + co;
                         for r in 0..rows {
                             let src = &stage[co * q_blocks + r * pw..][..ow];
+                            let at = ((n * c_out + channel) * oh + r0 + r) * ow;
                             // SAFETY: row r0 + r of this channel of image n is this task's.
-                            let dst = unsafe {
-                                std::slice::from_raw_parts_mut(
-                                    out.ptr().add(((n * c_out + channel) * oh + r0 + r) * ow),
-                                    ow,
-                                )
-                            };
-                            epilogue_into(dst, src, RowBias::None, rest);
+                            let dst =
+                                unsafe { std::slice::from_raw_parts_mut(out.ptr().add(at), ow) };
+                            epilogue_into(dst, src, rest.channel(channel, at, ow));
                         }
                     }
                 }
@@ -181,6 +170,23 @@ struct Finish {
     bias: Option<[f32; OB]>,
     /// Then ReLU (`x < 0 ? 0 : x`, so NaN and -0 pass, as in the IR's `relu`).
     relu: bool,
+}
+
+/// Splits an epilogue into what the microkernel applies in registers (the bias, and ReLU when
+/// nothing comes between) and the rest, applied to the stored rows.
+fn split(post: Post<f32>) -> (Post<f32>, Post<f32>) {
+    let relu_in_registers = post.act == Some(Activation::Relu) && post.residual.is_none();
+    let in_registers = Post {
+        bias: post.bias,
+        residual: None,
+        act: if relu_in_registers { post.act } else { None },
+    };
+    let rest = Post {
+        bias: None,
+        residual: post.residual,
+        act: if relu_in_registers { None } else { post.act },
+    };
+    (in_registers, rest)
 }
 
 /// Where sums go: output channel `o`, position `q` is `ptr + o * stride + q`, stored for `o <
@@ -278,10 +284,10 @@ pub(super) fn separable(
     wp: &[f32],
     c_out: usize,
     y: &mut [f32],
-    bias: Option<&[f32]>,
-    act: Option<Activation>,
+    post: Post<f32>,
 ) {
     let [n_images, c, oh, ow] = g.y;
+    let (in_registers, rest) = split(post);
     let packed = pack(wp, 1, c_out, c);
     let out = Out(y.as_mut_ptr());
     let job = |n: usize, band: std::ops::Range<usize>| {
@@ -311,17 +317,16 @@ pub(super) fn separable(
                     &[0],
                     &packed,
                     dst,
-                    bias,
-                    act == Some(Activation::Relu),
+                    in_registers.bias,
+                    in_registers.act == Some(Activation::Relu),
                 )
             };
-            if let Some(rest) = act.filter(|&a| a != Activation::Relu) {
+            if !rest.is_empty() {
                 for co in 0..c_out {
+                    let at = (n * c_out + co) * oh * ow + r0 * ow;
                     // SAFETY: as above.
-                    let rows = unsafe {
-                        std::slice::from_raw_parts_mut(dst.ptr.wrapping_add(co * dst.stride), p)
-                    };
-                    epilogue(rows, RowBias::None, Some(rest));
+                    let rows = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(at), p) };
+                    epilogue(rows, rest.channel(co, at, p));
                 }
             }
         })

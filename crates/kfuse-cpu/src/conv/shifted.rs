@@ -19,8 +19,8 @@
 
 use kfuse_ir::Layout;
 
-use super::{for_each_band, Geometry};
-use crate::dense::{epilogue_into, gemm_into, with_scratch, Activation, Init, Out, Real, RowBias};
+use super::{for_each_band, Geometry, Post};
+use crate::dense::{epilogue_into, gemm_into, with_scratch, Init, Out, Real};
 
 /// Input channels per group below which im2col's one deep GEMM beats `kh × kw` thin ones.
 const MIN_CHANNELS: usize = 16;
@@ -100,14 +100,7 @@ impl Grid {
 }
 
 /// The convolution of `g` into `y`, with the epilogue.
-pub(super) fn conv<T: Real>(
-    g: &Geometry,
-    xs: &[T],
-    ws: &[T],
-    y: &mut [T],
-    bias: Option<&[T]>,
-    act: Option<Activation>,
-) {
+pub(super) fn conv<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Post<T>) {
     let [n_images, c_out, oh, ow] = g.y;
     let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
     let (kh, kw) = (g.kh, g.kw);
@@ -184,33 +177,25 @@ pub(super) fn conv<T: Real>(
                         Layout::Nchw => {
                             for co in 0..og {
                                 let channel = group * og + co;
-                                let b = bias.map_or(RowBias::None, |b| RowBias::Same(b[channel]));
                                 let src = &stage[co * q + r * pw..][..ow];
+                                let at = ((n * c_out + channel) * oh + r0 + r) * ow;
                                 // SAFETY: row r0 + r of this channel of image n is this task's.
                                 let dst = unsafe {
-                                    std::slice::from_raw_parts_mut(
-                                        out.ptr().add(((n * c_out + channel) * oh + r0 + r) * ow),
-                                        ow,
-                                    )
+                                    std::slice::from_raw_parts_mut(out.ptr().add(at), ow)
                                 };
-                                epilogue_into(dst, src, b, act);
+                                epilogue_into(dst, src, post.channel(channel, at, ow));
                             }
                         }
                         Layout::Nhwc => {
                             for x in 0..ow {
                                 let src = &stage[(r * pw + x) * og..][..og];
+                                let at = ((n * oh + r0 + r) * ow + x) * c_out + group * og;
                                 // SAFETY: pixel (r0 + r, x) of image n is this task's.
                                 let dst = unsafe {
-                                    std::slice::from_raw_parts_mut(
-                                        out.ptr()
-                                            .add(((n * oh + r0 + r) * ow + x) * c_out + group * og),
-                                        og,
-                                    )
+                                    std::slice::from_raw_parts_mut(out.ptr().add(at), og)
                                 };
-                                let b = bias.map_or(RowBias::None, |b| {
-                                    RowBias::Each(&b[group * og..][..og])
-                                });
-                                epilogue_into(dst, src, b, act);
+                                let channels = group * og..(group + 1) * og;
+                                epilogue_into(dst, src, post.pixel(channels, at));
                             }
                         }
                     }
