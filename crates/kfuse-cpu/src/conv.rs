@@ -11,7 +11,9 @@
 
 use kfuse_ir::{Conv2dAttrs, DType, Layout, Storage};
 
-use crate::dense::{epilogue, gemm_into, with_scratch, Activation, Init, Out, Real, RowBias, Tail};
+use crate::dense::{
+    epilogue, epilogue_operand, gemm_into, with_scratch, Activation, Init, Out, Real, RowBias, Tail,
+};
 pub use crate::dense::{Epilogue, View};
 
 use crate::Pool;
@@ -50,22 +52,9 @@ struct Post<'a, T> {
 impl<'a, T: Real> Post<'a, T> {
     /// Checks the epilogue's operands against the output (`channels`, `elems`) and types them.
     fn new(epilogue: &Epilogue<'a>, channels: usize, elems: usize) -> Result<Self, String> {
-        let residual = match epilogue.residual {
-            None => None,
-            Some(r) => {
-                let values = T::slice(r).ok_or("the residual dtype differs from the output's")?;
-                if values.len() != elems {
-                    return Err(format!(
-                        "the residual has {} elements for an output of {elems}",
-                        values.len()
-                    ));
-                }
-                Some(values)
-            }
-        };
         Ok(Post {
-            bias: bias_values(epilogue, channels)?,
-            residual,
+            bias: epilogue_operand(epilogue.bias, channels, "bias")?,
+            residual: epilogue_operand(epilogue.residual, elems, "residual")?,
             act: epilogue.activation,
         })
     }
@@ -95,26 +84,6 @@ impl<'a, T: Real> Post<'a, T> {
                 .map_or(RowBias::None, |b| RowBias::Each(&b[channels.clone()])),
             residual: self.residual.map(|r| &r[at..][..channels.len()]),
             activation: self.act,
-        }
-    }
-}
-
-/// Checks operand dtypes and returns the bias values.
-fn bias_values<'a, T: Real>(
-    epilogue: &Epilogue<'a>,
-    channels: usize,
-) -> Result<Option<&'a [T]>, String> {
-    match epilogue.bias {
-        None => Ok(None),
-        Some(b) => {
-            let values = T::slice(b).ok_or("the bias dtype differs from the convolution's")?;
-            if values.len() != channels {
-                return Err(format!(
-                    "the bias has {} values for {channels} output channels",
-                    values.len()
-                ));
-            }
-            Ok(Some(values))
         }
     }
 }

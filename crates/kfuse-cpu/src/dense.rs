@@ -100,6 +100,26 @@ macro_rules! real {
 real!(f32, F32, kfuse_math::gelu_tanh_f32, Some, Some);
 real!(f64, F64, kfuse_math::gelu_tanh_f64, |_| None, |_| None);
 
+/// An epilogue operand (`what`: bias, residual) as `T` values, checked to hold `len` of them.
+pub(crate) fn epilogue_operand<'a, T: Real>(
+    storage: Option<&'a Storage>,
+    len: usize,
+    what: &str,
+) -> Result<Option<&'a [T]>, String> {
+    let Some(storage) = storage else {
+        return Ok(None);
+    };
+    let values =
+        T::slice(storage).ok_or_else(|| format!("the {what} dtype differs from the output's"))?;
+    if values.len() != len {
+        return Err(format!(
+            "the {what} has {} values where {len} are needed",
+            values.len()
+        ));
+    }
+    Ok(Some(values))
+}
+
 /// A raw output pointer shared by tasks that write disjoint parts.
 #[derive(Clone, Copy)]
 pub(crate) struct Out<T>(pub(crate) *mut T);

@@ -6,8 +6,8 @@
 use kfuse_ir::{DType, Shape, Storage};
 
 use crate::dense::{
-    epilogue as apply_epilogue, gemm_into, Activation, Epilogue, Init, Out, Real, RowBias, Tail,
-    View,
+    epilogue as apply_epilogue, epilogue_operand, gemm_into, Activation, Epilogue, Init, Out, Real,
+    RowBias, Tail, View,
 };
 
 /// Bytes of a block of output columns (all rows) aimed for when an activation follows the GEMM:
@@ -234,30 +234,11 @@ pub fn matmul(
                 transposed,
                 oa: &oa,
                 ob: &ob,
-                bias: match epilogue.bias {
-                    None => None,
-                    Some(b) => Some(<$t as Real>::slice(b).ok_or("the bias dtype differs")?),
-                },
-                residual: match epilogue.residual {
-                    None => None,
-                    Some(r) => Some(<$t as Real>::slice(r).ok_or("the residual dtype differs")?),
-                },
+                bias: epilogue_operand(epilogue.bias, n, "bias")?,
+                residual: epilogue_operand(epilogue.residual, out_elems, "residual")?,
                 activation: epilogue.activation,
             }
         };
-    }
-    if let Some(b) = epilogue.bias {
-        if b.len() != n {
-            return Err(format!("the bias has {} values for {n} columns", b.len()));
-        }
-    }
-    if let Some(r) = epilogue.residual {
-        if r.len() != out_elems {
-            return Err(format!(
-                "the residual has {} elements for an output of {out_elems}",
-                r.len()
-            ));
-        }
     }
     if k == 0 {
         // An empty sum is zero (gemm is not asked to define it); the epilogue still applies.
