@@ -552,7 +552,6 @@ fn separable_typed<T: Real>(
             return Ok(());
         }
     }
-    let y = output::<T>(out, out_dims)?;
     let dst = Out(y.as_mut_ptr());
     for_each_band(
         n_images,
