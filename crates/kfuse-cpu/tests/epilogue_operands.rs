@@ -4,6 +4,9 @@
 use kfuse_cpu::dense::{Activation, Epilogue, View};
 use kfuse_ir::{Conv2dAttrs, Layout, Storage};
 
+/// A fast routine run with the given epilogue.
+type Routine = fn(&Epilogue) -> Result<(), String>;
+
 fn matmul(epilogue: &Epilogue) -> Result<(), String> {
     let (x, w) = (Storage::F32(vec![1.0; 6]), Storage::F32(vec![1.0; 12]));
     let mut out = Storage::F32(vec![0.0; 8]);
@@ -75,7 +78,7 @@ fn good_operands_are_accepted() {
 fn wrong_operands_are_errors_that_name_them() {
     let short = Storage::F32(vec![0.0; 2]);
     let wrong_dtype = Storage::F64(vec![0.0; 8]);
-    let cases: [(&dyn Fn(&Epilogue) -> Result<(), String>, Epilogue, &str); 4] = [
+    let cases: [(Routine, Epilogue, &str); 4] = [
         (
             &matmul,
             Epilogue {
