@@ -80,7 +80,7 @@ fn wrong_operands_are_errors_that_name_them() {
     let wrong_dtype = Storage::F64(vec![0.0; 8]);
     let cases: [(Routine, Epilogue, &str); 4] = [
         (
-            &matmul,
+            matmul,
             Epilogue {
                 bias: Some(&short),
                 ..Epilogue::default()
@@ -88,7 +88,7 @@ fn wrong_operands_are_errors_that_name_them() {
             "the bias has 2 values where 4",
         ),
         (
-            &matmul,
+            matmul,
             Epilogue {
                 residual: Some(&wrong_dtype),
                 ..Epilogue::default()
@@ -96,7 +96,7 @@ fn wrong_operands_are_errors_that_name_them() {
             "the residual dtype",
         ),
         (
-            &conv,
+            conv,
             Epilogue {
                 bias: Some(&short),
                 ..Epilogue::default()
@@ -104,7 +104,7 @@ fn wrong_operands_are_errors_that_name_them() {
             "the bias has 2 values where 3",
         ),
         (
-            &conv,
+            conv,
             Epilogue {
                 residual: Some(&short),
                 ..Epilogue::default()
