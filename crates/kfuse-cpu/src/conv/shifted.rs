@@ -11,11 +11,14 @@
 //!
 //! Against im2col, this writes and reads back no `kh·kw`-times-larger column matrix, a cost
 //! per input channel and pixel; in exchange each output element is read and written by
-//! `kh·kw` GEMMs instead of one, a cost per output channel and pixel. So it pays when output
-//! channels do not outnumber input channels: W7 (64 → 64, 3×3) runs in 5.8 ms against 6.7 ms
-//! through im2col, while W6b (64 → 128) ran 42 ms against 39 ms and keeps im2col. Each tap's
-//! GEMM also reduces over one group's channels only, so with few channels (a network's first
-//! layer) the GEMMs are too thin, and im2col, which reduces over channels × taps, stays.
+//! `kh·kw` GEMMs instead of one, a cost per output channel and pixel. In NCHW it pays when
+//! output channels do not outnumber input channels: W7's shape (64 → 64, 3×3) ran in 5.8 ms
+//! against 6.7 ms through im2col, while W6b's (64 → 128) ran 42 ms against 39 ms and keeps
+//! im2col (f32 NCHW now takes the direct kernel, so this is the f64 rule). In NHWC the im2col
+//! rows gather channel-strided patches, and shifted GEMMs win either way: W6b's shape in NHWC
+//! took 39 ms against 55 ms through im2col. Each tap's GEMM reduces over one group's channels
+//! only, so with few channels (a network's first layer) the GEMMs are too thin, and im2col,
+//! which reduces over channels × taps, stays.
 
 use kfuse_ir::Layout;
 
@@ -26,10 +29,11 @@ use crate::dense::{epilogue_into, gemm_into, with_scratch, Init, Out, Real};
 const MIN_CHANNELS: usize = 16;
 
 /// Whether `g` runs here: stride 1, a kernel larger than 1×1, enough input channels per group
-/// and no more output channels than input channels.
+/// and, in NCHW, no more output channels than input channels.
 pub(super) fn applies(g: &Geometry) -> bool {
     let cg = g.in_channels_per_group();
-    g.stride == [1, 1] && g.kh * g.kw > 1 && cg >= MIN_CHANNELS && g.out_channels_per_group() <= cg
+    let outputs_fit = g.layout == Layout::Nhwc || g.out_channels_per_group() <= cg;
+    g.stride == [1, 1] && g.kh * g.kw > 1 && cg >= MIN_CHANNELS && outputs_fit
 }
 
 /// The padded grid of a stride-1 convolution: rows `pw` wide (the input row with its left and
