@@ -161,6 +161,8 @@ fn cases() -> Vec<Case> {
         case([1, 20, 8, 13], 12, [3, 2], [1, 1], [2, 0, 1, 2], [2, 1], 1),
         case([1, 32, 6, 7], 32, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 2),
         case([1, 16, 70, 19], 9, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        // More output than input channels: shifted GEMMs in NHWC (im2col for f64 NCHW).
+        case([1, 16, 7, 9], 24, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
         // The direct f32 kernel's blocks: 8 output channels (13: a partial block) by 48
         // positions (rows of 37 + 2 padding columns end mid-block), 64 channels as in W7.
         case([1, 24, 10, 37], 13, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
