@@ -37,6 +37,8 @@ pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
     /// `self * a + b`, fused (one rounding) where the code is compiled with FMA.
     fn mul_add(self, a: Self, b: Self) -> Self;
     fn gelu_tanh(self) -> Self;
+    fn sigmoid(self) -> Self;
+    fn tanh(self) -> Self;
     /// The slice as f32, if `Self` is f32.
     fn f32s(values: &[Self]) -> Option<&[f32]>;
     fn f32s_mut(values: &mut [Self]) -> Option<&mut [f32]>;
@@ -45,7 +47,7 @@ pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
 }
 
 macro_rules! real {
-    ($t:ty, $variant:ident, $gelu:path, $f32s:expr, $f32s_mut:expr) => {
+    ($t:ty, $variant:ident, [$gelu:path, $sigmoid:path, $tanh:path], $f32s:expr, $f32s_mut:expr) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -76,6 +78,14 @@ macro_rules! real {
             fn gelu_tanh(self) -> Self {
                 $gelu(self)
             }
+            #[inline(always)]
+            fn sigmoid(self) -> Self {
+                $sigmoid(self)
+            }
+            #[inline(always)]
+            fn tanh(self) -> Self {
+                $tanh(self)
+            }
             fn f32s(values: &[Self]) -> Option<&[f32]> {
                 $f32s(values)
             }
@@ -97,8 +107,30 @@ macro_rules! real {
         }
     };
 }
-real!(f32, F32, kfuse_math::gelu_tanh_f32, Some, Some);
-real!(f64, F64, kfuse_math::gelu_tanh_f64, |_| None, |_| None);
+// The activations are the reference interpreter's definitions of the ops, so that fused
+// epilogues give the ops' bits.
+real!(
+    f32,
+    F32,
+    [
+        kfuse_math::gelu_tanh_f32,
+        kfuse_math::sigmoid_f32,
+        kfuse_math::tanh_f32
+    ],
+    Some,
+    Some
+);
+real!(
+    f64,
+    F64,
+    [
+        kfuse_math::gelu_tanh_f64,
+        kfuse_math::sigmoid_f64,
+        f64::tanh
+    ],
+    |_| None,
+    |_| None
+);
 
 /// An epilogue operand (`what`: bias, residual) as `T` values, checked to hold `len` of them.
 pub(crate) fn epilogue_operand<'a, T: Real>(
@@ -327,6 +359,8 @@ fn epilogue_into_body<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>) {
         None => biased_into(dst, src, tail, |v| v),
         Some(Activation::Relu) => biased_into(dst, src, tail, relu),
         Some(Activation::GeluTanh) => biased_into(dst, src, tail, T::gelu_tanh),
+        Some(Activation::Sigmoid) => biased_into(dst, src, tail, T::sigmoid),
+        Some(Activation::Tanh) => biased_into(dst, src, tail, T::tanh),
     }
 }
 
@@ -356,6 +390,8 @@ fn epilogue_body<T: Real>(values: &mut [T], tail: Tail<T>) {
         None => biased(values, tail, |v| v),
         Some(Activation::Relu) => biased(values, tail, relu),
         Some(Activation::GeluTanh) => biased(values, tail, T::gelu_tanh),
+        Some(Activation::Sigmoid) => biased(values, tail, T::sigmoid),
+        Some(Activation::Tanh) => biased(values, tail, T::tanh),
     }
 }
 

@@ -52,6 +52,8 @@ pub struct StructuredGroup {
 pub enum Activation {
     Relu,
     GeluTanh,
+    Sigmoid,
+    Tanh,
 }
 
 impl Activation {
@@ -60,6 +62,8 @@ impl Activation {
         match op {
             Op::Unary(UnaryOp::Relu) => Some(Activation::Relu),
             Op::Unary(UnaryOp::GeluTanh) => Some(Activation::GeluTanh),
+            Op::Unary(UnaryOp::Sigmoid) => Some(Activation::Sigmoid),
+            Op::Unary(UnaryOp::Tanh) => Some(Activation::Tanh),
             _ => None,
         }
     }
@@ -69,6 +73,8 @@ impl Activation {
         match self {
             Activation::Relu => UnaryOp::Relu,
             Activation::GeluTanh => UnaryOp::GeluTanh,
+            Activation::Sigmoid => UnaryOp::Sigmoid,
+            Activation::Tanh => UnaryOp::Tanh,
         }
     }
 }

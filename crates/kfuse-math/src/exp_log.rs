@@ -21,6 +21,7 @@ fn pow2i(n: i32) -> f32 {
 /// `y * 2^k` for `-160 <= k <= 160` and `y` near 1: exact unless the result is subnormal, then
 /// rounded once. Split as `2^(k >> 1) * 2^(k - (k >> 1))` so that both factors are normal and the
 /// first product is exact; this form needs no branches, so it vectorizes.
+#[inline]
 fn scale(y: f32, k: i32) -> f32 {
     let k1 = k >> 1;
     y * pow2i(k1) * pow2i(k - k1)
@@ -41,14 +42,24 @@ fn exp_reduced(r: f32) -> f32 {
     r * r * exp_poly(r) + r + 1.0
 }
 
+/// `k` (an integer value below 2^22 in magnitude) as an `i32`: adding 1.5 * 2^23 puts it in the
+/// low mantissa bits. Exact, and unlike the saturating `as i32`, it vectorizes.
+#[inline]
+fn small_int(k: f32) -> i32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (k + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32
+}
+
 /// Splits `x` into `k` and `r = x - k ln2`.
+#[inline]
 fn reduce_ln2(x: f32) -> (i32, f32) {
     let k = (x * LOG2_E).round_ties_even();
     let r = x - k * LN2_HI - k * LN2_LO;
-    (k as i32, r)
+    (small_int(k), r)
 }
 
 /// `e^x` for f32. Max error 1 ulp over all inputs (see `docs/vector-math.md`).
+#[inline]
 pub fn exp_f32(x: f32) -> f32 {
     if x.is_nan() {
         return x;
@@ -107,7 +118,7 @@ pub fn exp2_f32(x: f32) -> f32 {
     // `x - k` is exact; its product with ln2 is reduced further like `exp`.
     let f = x - k;
     let r = f * LN2_HI + f * LN2_LO;
-    scale(exp_reduced(r), k as i32)
+    scale(exp_reduced(r), small_int(k))
 }
 
 /// `e^x - 1` for f32, accurate near 0.

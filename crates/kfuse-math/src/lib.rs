@@ -30,6 +30,7 @@ pub use scalar::{
 pub use trig::{cos_f32, sin_f32};
 
 /// `tanh` for f32: odd polynomial below 0.625, `1 - 2 / (exp(2|x|) + 1)` above, ±1 past 9.
+#[inline]
 pub fn tanh_f32(x: f32) -> f32 {
     let ax = x.abs();
     if ax.is_nan() {
@@ -57,6 +58,7 @@ pub fn tanh_f32(x: f32) -> f32 {
 
 /// Logistic sigmoid for f32, `1 / (1 + exp(-x))`, written as `e / (1 + e)` with `e = exp(x)` for
 /// negative `x` so that tiny results keep their precision.
+#[inline]
 pub fn sigmoid_f32(x: f32) -> f32 {
     if x >= 0.0 {
         1.0 / (1.0 + exp_f32(-x))
