@@ -9,11 +9,11 @@ use crate::dense::{
     epilogue as apply_epilogue, epilogue_operand, gemm_into, Activation, Epilogue, Init, Out, Real,
     RowBias, Tail, View,
 };
-
-/// Bytes of a block of output columns (all rows) aimed for when an activation follows the GEMM:
-/// about one core's L2.
-const TILE_BYTES: usize = 1024 << 10;
 use crate::Pool;
+
+/// Bytes of a block of output columns (all rows) that a task computes: about one core's L2, so
+/// that the epilogue's pass finds the block in cache.
+const TILE_BYTES: usize = 1024 << 10;
 
 /// Whether [`matmul`] handles this operand dtype.
 pub fn supported(dtype: DType) -> bool {
@@ -24,8 +24,8 @@ pub fn supported(dtype: DType) -> bool {
 /// into `out` (the output's dtype and element count; its contents are overwritten). Operands
 /// are read where they live, without copies. An operand marked in `transposed` is given as its
 /// source `[..., K, M]` (or `[..., N, K]`) and read through swapped strides. The epilogue (a
-/// bias per column, ReLU) is applied to each task's rows right after its GEMM. One-row
-/// products take a GEMV path.
+/// bias per column, a residual of the output's shape, an activation) is applied to each task's
+/// block right after its GEMM. One-row products take a GEMV path.
 pub fn matmul(
     a: View,
     b: View,
