@@ -1,11 +1,17 @@
-//! Convolutions for fast numerics: im2col tiles fed to the `gemm` crate, 1×1 convolutions as
-//! plain GEMMs on the activations in place, a direct depthwise kernel, and the fused
-//! depthwise-separable block, whose depthwise output is produced tile by tile into a buffer that
-//! stays in cache and is consumed there by the pointwise GEMM, never written whole to memory.
-//! An epilogue (per-channel bias, ReLU) is applied to each output tile while it is hot.
+//! Convolutions for fast numerics, by the first path that applies:
+//! - a direct depthwise kernel ([`depthwise`]);
+//! - 1×1 convolutions as plain GEMMs on the activations in place;
+//! - f32 NCHW stride-1 convolutions on an AVX-512 implicit-GEMM microkernel ([`direct`]);
+//! - other stride-1 convolutions as one `gemm` call per tap ([`shifted`]);
+//! - everything else as im2col tiles fed to the `gemm` crate.
 //!
-//! Work is split over (image, band of output rows) tasks on the kernel pool; each task runs a
-//! single-threaded GEMM on a band sized to keep its im2col or depthwise tile within L2.
+//! The fused depthwise-separable block produces its depthwise output tile by tile into a buffer
+//! that stays in cache, and the pointwise product consumes it there; it is never written whole
+//! to memory. An epilogue (per-channel bias, residual, activation) is applied to each output
+//! tile while it is hot.
+//!
+//! Work is split over (image, band of output rows) tasks on the kernel pool. Each task works on
+//! a band sized to keep its tiles within L2.
 //! Like [`crate::matmul`], sums are blocked and use FMA, so results are not bit-identical to
 //! the reference interpreter: strict numerics keep the reference convolution.
 
