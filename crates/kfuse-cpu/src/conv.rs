@@ -1,8 +1,8 @@
 //! Convolutions for fast numerics, by the first path that applies:
-//! - a direct depthwise kernel ([`depthwise`]);
+//! - a direct depthwise kernel (`conv/depthwise.rs`);
 //! - 1×1 convolutions as plain GEMMs on the activations in place;
-//! - f32 NCHW stride-1 convolutions on an AVX-512 implicit-GEMM microkernel ([`direct`]);
-//! - other stride-1 convolutions as one `gemm` call per tap ([`shifted`]);
+//! - f32 NCHW stride-1 convolutions on an AVX-512 implicit-GEMM microkernel (`conv/direct.rs`);
+//! - other stride-1 convolutions as one `gemm` call per tap (`conv/shifted.rs`);
 //! - everything else as im2col tiles fed to the `gemm` crate.
 //!
 //! The fused depthwise-separable block produces its depthwise output tile by tile into a buffer
