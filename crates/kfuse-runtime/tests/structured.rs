@@ -333,6 +333,11 @@ fn structured_programs() -> Vec<(String, usize)> {
         dsc("nchw", "[2, 8, 13, 11]", "[2, 2]", "", false),
         dsc("nchw", "[1, 8, 40, 23]", "[1, 1]", "[1, 12, 1, 1]", false),
         dsc("nchw", "[1, 8, 5, 32]", "[1, 1]", "", true),
+        // f64 takes the `gemm` path of the separable block (as f32 does without AVX-512).
+        {
+            let (text, terms) = dsc("nchw", "[1, 8, 7, 19]", "[1, 1]", "[12, 1, 1]", true);
+            (text.replace("f32", "f64"), terms)
+        },
         dsc("nhwc", "[2, 13, 11, 8]", "[1, 1]", "[12]", true),
         dsc("nhwc", "[1, 9, 9, 8]", "[2, 1]", "", true),
         conv("nchw", "[2, 6, 9, 10]", "[4, 3, 3, 3]", 2, "[4, 1, 1]", 27),
