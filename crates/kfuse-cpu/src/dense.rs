@@ -364,22 +364,48 @@ fn epilogue_into_body<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>) {
     }
 }
 
-/// `dst = f(src + bias + residual)`.
+/// `dst = f(src + bias + residual)`. Plain loops rather than `for_each`: a `for_each` is a
+/// call to an iterator adapter's `fold`, which need not be inlined, and then runs without the
+/// caller's AVX-512 features (and its `exp` calls libm for rounding).
 #[inline(always)]
 fn biased_into<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>, f: impl Fn(T) -> T) {
-    let pairs = dst.iter_mut().zip(src);
+    let n = dst.len().min(src.len());
+    let (dst, src) = (&mut dst[..n], &src[..n]);
     match (tail.bias, tail.residual) {
-        (RowBias::None, None) => pairs.for_each(|(d, v)| *d = f(*v)),
-        (RowBias::Same(b), None) => pairs.for_each(|(d, v)| *d = f(v.add(b))),
-        (RowBias::Each(b), None) => pairs.zip(b).for_each(|((d, v), b)| *d = f(v.add(*b))),
-        (RowBias::None, Some(r)) => pairs.zip(r).for_each(|((d, v), r)| *d = f(v.add(*r))),
-        (RowBias::Same(b), Some(r)) => pairs
-            .zip(r)
-            .for_each(|((d, v), r)| *d = f(v.add(b).add(*r))),
-        (RowBias::Each(b), Some(r)) => pairs
-            .zip(b)
-            .zip(r)
-            .for_each(|(((d, v), b), r)| *d = f(v.add(*b).add(*r))),
+        (RowBias::None, None) => {
+            for i in 0..n {
+                dst[i] = f(src[i]);
+            }
+        }
+        (RowBias::Same(b), None) => {
+            for i in 0..n {
+                dst[i] = f(src[i].add(b));
+            }
+        }
+        (RowBias::Each(b), None) => {
+            let b = &b[..n];
+            for i in 0..n {
+                dst[i] = f(src[i].add(b[i]));
+            }
+        }
+        (RowBias::None, Some(r)) => {
+            let r = &r[..n];
+            for i in 0..n {
+                dst[i] = f(src[i].add(r[i]));
+            }
+        }
+        (RowBias::Same(b), Some(r)) => {
+            let r = &r[..n];
+            for i in 0..n {
+                dst[i] = f(src[i].add(b).add(r[i]));
+            }
+        }
+        (RowBias::Each(b), Some(r)) => {
+            let (b, r) = (&b[..n], &r[..n]);
+            for i in 0..n {
+                dst[i] = f(src[i].add(b[i]).add(r[i]));
+            }
+        }
     }
 }
 
@@ -395,19 +421,44 @@ fn epilogue_body<T: Real>(values: &mut [T], tail: Tail<T>) {
     }
 }
 
-/// `v = f(v + bias + residual)` over `values`.
+/// `v = f(v + bias + residual)` over `values`, in plain loops (see [`biased_into`]).
 #[inline(always)]
 fn biased<T: Real>(values: &mut [T], tail: Tail<T>, f: impl Fn(T) -> T) {
-    let values = values.iter_mut();
+    let n = values.len();
     match (tail.bias, tail.residual) {
-        (RowBias::None, None) => values.for_each(|v| *v = f(*v)),
-        (RowBias::Same(b), None) => values.for_each(|v| *v = f(v.add(b))),
-        (RowBias::Each(b), None) => values.zip(b).for_each(|(v, b)| *v = f(v.add(*b))),
-        (RowBias::None, Some(r)) => values.zip(r).for_each(|(v, r)| *v = f(v.add(*r))),
-        (RowBias::Same(b), Some(r)) => values.zip(r).for_each(|(v, r)| *v = f(v.add(b).add(*r))),
-        (RowBias::Each(b), Some(r)) => values
-            .zip(b)
-            .zip(r)
-            .for_each(|((v, b), r)| *v = f(v.add(*b).add(*r))),
+        (RowBias::None, None) => {
+            for v in values.iter_mut() {
+                *v = f(*v);
+            }
+        }
+        (RowBias::Same(b), None) => {
+            for v in values.iter_mut() {
+                *v = f(v.add(b));
+            }
+        }
+        (RowBias::Each(b), None) => {
+            let b = &b[..n];
+            for i in 0..n {
+                values[i] = f(values[i].add(b[i]));
+            }
+        }
+        (RowBias::None, Some(r)) => {
+            let r = &r[..n];
+            for i in 0..n {
+                values[i] = f(values[i].add(r[i]));
+            }
+        }
+        (RowBias::Same(b), Some(r)) => {
+            let r = &r[..n];
+            for i in 0..n {
+                values[i] = f(values[i].add(b).add(r[i]));
+            }
+        }
+        (RowBias::Each(b), Some(r)) => {
+            let (b, r) = (&b[..n], &r[..n]);
+            for i in 0..n {
+                values[i] = f(values[i].add(b[i]).add(r[i]));
+            }
+        }
     }
 }

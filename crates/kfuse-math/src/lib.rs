@@ -58,14 +58,16 @@ pub fn tanh_f32(x: f32) -> f32 {
 
 /// Logistic sigmoid for f32, `1 / (1 + exp(-x))`, written as `e / (1 + e)` with `e = exp(x)` for
 /// negative `x` so that tiny results keep their precision.
-#[inline]
+///
+/// One exponential and one division whichever the sign (the argument and the numerator are
+/// selected), so that a vectorized loop evaluates neither twice and has no branch. Always
+/// inlined: callers compiled for wider vectors (the AVX-512 epilogues) must get their own copy,
+/// and a plain `#[inline]` body this large is not inlined.
+#[inline(always)]
 pub fn sigmoid_f32(x: f32) -> f32 {
-    if x >= 0.0 {
-        1.0 / (1.0 + exp_f32(-x))
-    } else {
-        let e = exp_f32(x);
-        e / (1.0 + e)
-    }
+    let positive = x >= 0.0;
+    let e = exp_f32(if positive { -x } else { x });
+    (if positive { 1.0 } else { e }) / (1.0 + e)
 }
 
 /// Logistic sigmoid for f64.

@@ -235,10 +235,9 @@ KF_INLINE float kf_tanh(float x) {
 }
 
 KF_INLINE float kf_sigmoid(float x) {
-    float pos = 1.0f / (1.0f + kf_exp(-x));
-    float e = kf_exp(x);
-    float neg = e / (1.0f + e);
-    return x >= 0.0f ? pos : neg;
+    int pos = x >= 0.0f;
+    float e = kf_exp(pos ? -x : x);
+    return (pos ? 1.0f : e) / (1.0f + e);
 }
 
 KF_INLINE double kf_sigmoid_f64(double x) {
@@ -266,14 +265,15 @@ KF_INLINE double kf_gelu_tanh_f64(double x) {
 /* e^t for t <= 0 to f32 accuracy, in double: reduction in double, the float polynomial, exact
  * scaling in double (exp_f32_of_f64 in exp_log.rs). */
 KF_INLINE double kf_exp_f32_of_f64(double t) {
-    double tc = t > -1000.0 ? t : -1000.0;
+    int dead = t < -746.0; /* e^t rounds to 0; computed from 0 so that nothing underflows */
+    double tc = dead ? 0.0 : t;
     double k = rint(tc * 0x1.71547652b82fep+0);
     float r = (float)(tc - k * 0x1.62e42fefa39efp-1);
     double y = (double)kf_exp_reduced(r);
     int64_t ki = (int64_t)k;
     int64_t k1 = ki >> 1;
     double v = y * kf_f64_from_bits((uint64_t)(k1 + 1023) << 52) * kf_f64_from_bits((uint64_t)(ki - k1 + 1023) << 52);
-    v = t < -1000.0 ? 0.0 : v;
+    v = dead ? 0.0 : v;
     return t != t ? t : v;
 }
 
