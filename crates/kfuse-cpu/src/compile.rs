@@ -31,7 +31,10 @@ impl Numerics {
 
     fn flags(self) -> &'static [&'static str] {
         match self {
-            Numerics::Strict => &["-ffp-contract=off"],
+            // No trap is observed, so selects around divisions and conversions may be
+            // evaluated on every lane: without this GCC leaves such loops scalar (strict W1:
+            // 13 against 1.1 ns per element). It changes no value.
+            Numerics::Strict => &["-ffp-contract=off", "-fno-trapping-math"],
             Numerics::Fast => &[
                 "-ffp-contract=fast",
                 "-fassociative-math",

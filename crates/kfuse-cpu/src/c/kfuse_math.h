@@ -281,7 +281,7 @@ KF_INLINE float kf_gelu_tanh(float x) {
     double xd = (double)x;
     double u2 = 2.0 * 0x1.9884533d43651p-1 * (xd + 0.044715 * xd * xd * xd);
     double e = kf_exp_f32_of_f64(-fabs(u2));
-    double s = u2 >= 0.0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
+    double s = (u2 >= 0.0 ? 1.0 : e) / (1.0 + e);
     float v = (float)(xd * s);
     return x == -INFINITY ? -0.0f : v;
 }
