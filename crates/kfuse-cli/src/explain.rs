@@ -99,6 +99,10 @@ pub fn explain(
             }
         }
         write("1-partition.txt", &print_partition(graph, &p))?;
+        // The compiler's vectorization report beside each kernel's C, where the compiler
+        // gives one (GCC), in the default fast numerics.
+        let compiler =
+            kfuse::cpu::Compiler::detect(std::env::temp_dir().join("kfuse-explain-dump")).ok();
         for step in &program.steps {
             if let Step::Kernel { kernel, .. } = step {
                 write(
@@ -106,7 +110,17 @@ pub fn explain(
                     &kfuse::kernel::text::print_kernel(kernel),
                 )?;
                 match kfuse::cpu::c::render(kernel) {
-                    Ok(c) => write(&format!("3-{}.c", kernel.name), &c)?,
+                    Ok(c) => {
+                        write(&format!("3-{}.c", kernel.name), &c)?;
+                        let report = compiler
+                            .as_ref()
+                            .map(|cc| cc.vectorization_report(&c, kfuse::Numerics::Fast));
+                        if let Some(Ok(Some(report))) = report {
+                            let mut text = report.lines.join("\n");
+                            text.push('\n');
+                            write(&format!("3-{}.vec.txt", kernel.name), &text)?;
+                        }
+                    }
                     Err(u) => write(
                         &format!("3-{}.c", kernel.name),
                         &format!(

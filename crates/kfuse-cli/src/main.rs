@@ -113,7 +113,8 @@ enum Command {
         /// Cost model: `calibrated` (measured on this machine, cached) or `fixed`.
         #[arg(long, value_parser = ["calibrated", "fixed"], default_value = "calibrated")]
         cost_model: String,
-        /// Write the input, the partition, every kernel's IR and its generated C into DIR.
+        /// Write the input, the partition, every kernel's IR, its generated C and (with GCC) the
+        /// compiler's report of which loops it vectorized into DIR.
         #[arg(long, value_name = "DIR")]
         dump: Option<PathBuf>,
     },

@@ -397,6 +397,14 @@ fn explain_shows_kernels_bytes_and_boundaries() {
     assert!(std::fs::read_to_string(dir.join("3-k0.c"))
         .unwrap()
         .contains("void kfuse_kernel("));
+    // The vectorization report, where the C compiler gives one (GCC): softmax's row loops are
+    // vectorized.
+    match std::fs::read_to_string(dir.join("3-k0.vec.txt")) {
+        Ok(report) => assert!(report.contains("loop vectorized"), "{report}"),
+        Err(_) => eprintln!(
+            "NOTE: no 3-k0.vec.txt: the C compiler gives no -fopt-info-vec report (not GCC)"
+        ),
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -75,6 +75,87 @@ impl std::fmt::Debug for CompiledKernel {
     }
 }
 
+/// Which loops of a kernel the C compiler vectorized, from GCC's `-fopt-info-vec` report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VectorReport {
+    /// The report's lines about the kernel function (not the shared math header), each
+    /// `LINE:COL: optimized: loop vectorized using 64 byte vectors` or `... missed: REASON`.
+    pub lines: Vec<String>,
+}
+
+impl VectorReport {
+    /// Whether at least one loop of the kernel function was vectorized.
+    pub fn vectorized(&self) -> bool {
+        self.lines.iter().any(|l| l.contains("loop vectorized"))
+    }
+}
+
+impl Compiler {
+    /// Compiles `source` (not cached, not loaded) asking the compiler which of the kernel
+    /// function's loops it vectorized and why others were not, for `kfuse explain --dump` and
+    /// for tests that keep kernels vectorized. `Ok(None)` where the compiler has no such
+    /// report (GCC's `-fopt-info-vec`; clang has none by that name).
+    pub fn vectorization_report(
+        &self,
+        source: &str,
+        numerics: Numerics,
+    ) -> Result<Option<VectorReport>, String> {
+        std::fs::create_dir_all(&self.cache_dir)
+            .map_err(|e| format!("cannot create {}: {e}", self.cache_dir.display()))?;
+        let c_file = self.cache_dir.join(
+            format!(
+                "vec-report-{}-{:?}.c",
+                std::process::id(),
+                std::thread::current().id()
+            )
+            .replace(['(', ')'], ""),
+        );
+        std::fs::write(&c_file, source)
+            .map_err(|e| format!("cannot write {}: {e}", c_file.display()))?;
+        let out = Command::new(&self.program)
+            .args(COMMON_FLAGS.iter().filter(|f| **f != "-shared"))
+            .args(numerics.flags())
+            .args([
+                "-fopt-info-vec-optimized",
+                "-fopt-info-vec-missed",
+                "-S",
+                "-o",
+            ])
+            .arg(if cfg!(windows) { "NUL" } else { "/dev/null" })
+            .arg(&c_file)
+            .output();
+        let _ = std::fs::remove_file(&c_file);
+        let out = out.map_err(|e| format!("cannot run {}: {e}", self.program))?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            if stderr.contains("fopt-info") {
+                return Ok(None);
+            }
+            return Err(format!("{} failed:\n{stderr}", self.program));
+        }
+        // Report lines name `FILE:LINE:COL:`; keep those inside the kernel function, which
+        // follows the math header in the source.
+        let first = source
+            .lines()
+            .position(|l| l.starts_with("void kfuse_kernel("))
+            .map_or(0, |i| i + 1);
+        let prefix = format!("{}:", c_file.display());
+        let mut lines = stderr
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .filter(|l| {
+                l.split(':')
+                    .next()
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .is_some_and(|n| n >= first)
+            })
+            .map(str::to_string)
+            .collect::<Vec<_>>();
+        lines.dedup();
+        Ok(Some(VectorReport { lines }))
+    }
+}
+
 impl CompiledKernel {
     pub fn function(&self) -> KernelFn {
         self.function

@@ -6,7 +6,9 @@ pub mod c;
 mod compile;
 pub mod tile;
 
-pub use compile::{default_cache_dir, CacheOutcome, CompiledKernel, Compiler, KernelFn, Numerics};
+pub use compile::{
+    default_cache_dir, CacheOutcome, CompiledKernel, Compiler, KernelFn, Numerics, VectorReport,
+};
 mod launch;
 mod pool;
 pub use launch::{launch, launch_on, storage_ptr, GRAIN};

@@ -247,7 +247,9 @@ KF_INLINE double kf_sigmoid_f64(double x) {
 }
 
 KF_INLINE float kf_softplus(float x) {
-    float v = fmaxf(x, 0.0f) + kf_log1p(kf_exp(-fabsf(x)));
+    /* A select, not fmaxf (which GCC does not vectorize here): they differ only in the sign of
+     * a zero, which the added log1p(1) absorbs, and for NaN, which is selected below. */
+    float v = (x > 0.0f ? x : 0.0f) + kf_log1p(kf_exp(-fabsf(x)));
     return x != x ? x : v;
 }
 
