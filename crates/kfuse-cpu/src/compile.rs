@@ -75,6 +75,16 @@ impl std::fmt::Debug for CompiledKernel {
     }
 }
 
+/// A file name part unique to this process and thread, for files that are renamed or removed
+/// after the compiler has run.
+fn unique_suffix() -> String {
+    format!("{}.{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], "")
+}
+
+fn write_source(path: &std::path::Path, source: &str) -> Result<(), String> {
+    std::fs::write(path, source).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
 /// Which loops of a kernel the C compiler vectorized, from GCC's `-fopt-info-vec` report.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VectorReport {
@@ -102,16 +112,10 @@ impl Compiler {
     ) -> Result<Option<VectorReport>, String> {
         std::fs::create_dir_all(&self.cache_dir)
             .map_err(|e| format!("cannot create {}: {e}", self.cache_dir.display()))?;
-        let c_file = self.cache_dir.join(
-            format!(
-                "vec-report-{}-{:?}.c",
-                std::process::id(),
-                std::thread::current().id()
-            )
-            .replace(['(', ')'], ""),
-        );
-        std::fs::write(&c_file, source)
-            .map_err(|e| format!("cannot write {}: {e}", c_file.display()))?;
+        let c_file = self
+            .cache_dir
+            .join(format!("vec-report-{}.c", unique_suffix()));
+        write_source(&c_file, source)?;
         let out = Command::new(&self.program)
             .args(COMMON_FLAGS.iter().filter(|f| **f != "-shared"))
             .args(numerics.flags())
@@ -277,16 +281,8 @@ impl Compiler {
             std::fs::create_dir_all(&self.cache_dir)
                 .map_err(|e| format!("cannot create {}: {e}", self.cache_dir.display()))?;
             let c_file = object.with_extension("c");
-            let tmp = object.with_extension(
-                format!(
-                    "so.tmp{}.{:?}",
-                    std::process::id(),
-                    std::thread::current().id()
-                )
-                .replace(['(', ')'], ""),
-            );
-            std::fs::write(&c_file, source)
-                .map_err(|e| format!("cannot write {}: {e}", c_file.display()))?;
+            let tmp = object.with_extension(format!("so.tmp{}", unique_suffix()));
+            write_source(&c_file, source)?;
             let out = Command::new(&self.program)
                 .args(COMMON_FLAGS)
                 .args(numerics.flags())
