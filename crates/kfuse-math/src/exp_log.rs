@@ -68,8 +68,10 @@ fn reduce_ln2(x: f32) -> (i32, f32) {
 /// on all 2^32 inputs), and a NaN argument is selected back at the end.
 #[inline]
 pub fn exp_f32(x: f32) -> f32 {
-    // `max` and `min` return the other operand for a NaN: `xc` is finite.
-    let xc = x.max(-110.0).min(89.0);
+    // Comparisons, not `max`/`min`: a NaN becomes -110 (any finite value would do, it is
+    // selected away below), so each clamp is one vector max or min with no NaN fix-up.
+    let xc = if x > -110.0 { x } else { -110.0 };
+    let xc = if xc < 89.0 { xc } else { 89.0 };
     let (k, r) = reduce_ln2(xc);
     let v = scale(exp_reduced(r), k);
     if x.is_nan() {
