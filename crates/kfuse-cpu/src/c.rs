@@ -11,6 +11,9 @@ use std::fmt::Write;
 use kfuse_ir::{BinaryOp, CompareOp, DType, ReduceOp, UnaryOp};
 use kfuse_kernel::{Access, IndexOp, InstId, InstKind, Kernel, Level};
 
+mod vector;
+use vector::{VectorPass, LANES, UNROLL};
+
 /// The C vector-math library every kernel includes.
 pub const MATH_HEADER: &str = include_str!("c/kfuse_math.h");
 
@@ -276,10 +279,16 @@ struct Staged {
 }
 
 /// Which stores stream (indexed by instruction): in kernels writing at least
-/// [`STREAM_MIN_BYTES`] whose inner loop does no expensive arithmetic, the final-pass stores whose offset is the inner index plus an
-/// outer-level value, so each pass writes one contiguous run. The staging array has the
-/// argument's type, so the stored bits are those of a plain store.
-fn staged_stores(kernel: &Kernel, levels: &[Level], stores: &[InstId]) -> Vec<Option<Staged>> {
+/// [`STREAM_MIN_BYTES`] whose final pass (`final_compute`) computes no transcendental, the
+/// final-pass stores whose offset is the inner index plus an outer-level value, so each pass
+/// writes one contiguous run. The staging array has the argument's type, so the stored bits are
+/// those of a plain store.
+fn staged_stores(
+    kernel: &Kernel,
+    levels: &[Level],
+    stores: &[InstId],
+    final_compute: &[bool],
+) -> Vec<Option<Staged>> {
     let mut staged = vec![None; kernel.insts.len()];
     let written: usize = kernel
         .args
@@ -287,12 +296,13 @@ fn staged_stores(kernel: &Kernel, levels: &[Level], stores: &[InstId]) -> Vec<Op
         .filter(|a| a.access == Access::Write)
         .map(|a| a.ty.size_bytes())
         .sum();
-    // Streaming pays where memory bounds the kernel. Where inner-level arithmetic is expensive
-    // (transcendentals, divisions), stores trickle out slowly, partly filled write-combining
-    // buffers flush early, and the staging copy is extra work: measured slower on softmax.
-    let mut memo = vec![None; kernel.insts.len()];
+    // Streaming pays where memory bounds the pass that stores. Where that pass computes a
+    // transcendental, stores trickle out slowly, partly filled write-combining buffers flush
+    // early, and the staging copy is extra work: `log(exp(x) + 1)` ran at 3.9 against 3.5 ms
+    // streamed. Softmax, whose exponentials are computed in its sum pass and reloaded, gains
+    // (4.1-4.8 against 4.5-6.0 ms).
     let compute_bound = (0..kernel.insts.len()).any(|k| {
-        levels[k] == Level::Inner && expensive(kernel, levels, InstId(k as u32), &mut memo)
+        final_compute[k] && levels[k] == Level::Inner && transcendental(kernel.insts[k].kind)
     });
     if written < STREAM_MIN_BYTES || compute_bound {
         return staged;
@@ -349,14 +359,9 @@ fn statement(kernel: &Kernel, i: usize) -> Result<String, Unsupported> {
     Ok(format!("{} v{i} = {e};", ctype(d)))
 }
 
-/// Whether recomputing an inner-level value costs more than reloading it from a row scratch
-/// array: its computation includes a transcendental, a division or a power.
-fn expensive(kernel: &Kernel, levels: &[Level], id: InstId, memo: &mut Vec<Option<bool>>) -> bool {
-    if let Some(e) = memo[id.index()] {
-        return e;
-    }
-    let inst = kernel.insts[id.index()];
-    let own = match inst.kind {
+/// Whether an instruction is a transcendental function or a libm call (power, remainder).
+fn transcendental(kind: InstKind) -> bool {
+    match kind {
         InstKind::Unary(u, _) => !matches!(
             u,
             UnaryOp::Neg
@@ -368,9 +373,20 @@ fn expensive(kernel: &Kernel, levels: &[Level], id: InstId, memo: &mut Vec<Optio
                 | UnaryOp::Ceil
                 | UnaryOp::Round
         ),
-        InstKind::Binary(b, _, _) => matches!(b, BinaryOp::Div | BinaryOp::Pow | BinaryOp::Rem),
+        InstKind::Binary(b, _, _) => matches!(b, BinaryOp::Pow | BinaryOp::Rem),
         _ => false,
-    };
+    }
+}
+
+/// Whether recomputing an inner-level value costs more than reloading it from a row scratch
+/// array: its computation includes a transcendental, a division or a power.
+fn expensive(kernel: &Kernel, levels: &[Level], id: InstId, memo: &mut Vec<Option<bool>>) -> bool {
+    if let Some(e) = memo[id.index()] {
+        return e;
+    }
+    let inst = kernel.insts[id.index()];
+    let own =
+        transcendental(inst.kind) || matches!(inst.kind, InstKind::Binary(BinaryOp::Div, _, _));
     let e = own
         || inst
             .operands()
@@ -455,14 +471,51 @@ fn pass_body(
     Ok(body)
 }
 
+/// A loop over the inner indices `[lo, hi)`: blocks of 16 through the vector body where the pass
+/// has one ([`UNROLL`] blocks per iteration while they last), the rest through the scalar body.
+/// Bodies are rendered at `indent` plus eight spaces.
+fn inner_loop(
+    vector: Option<&VectorPass>,
+    scalar_body: &str,
+    lo: &str,
+    hi: &str,
+    indent: &str,
+) -> String {
+    let Some(vp) = vector else {
+        return format!(
+            "{indent}for (int64_t j = {lo}; j < {hi}; j++) {{\n{scalar_body}{indent}}}\n"
+        );
+    };
+    let inner = format!("{indent}        ");
+    let mut s = format!("{indent}{{\n{indent}    int64_t j = {lo};\n");
+    for blocks in [UNROLL, 1] {
+        let width = LANES * blocks;
+        writeln!(
+            s,
+            "{indent}    for (; j + {width} <= {hi}; j += {width}) {{"
+        )
+        .unwrap();
+        for u in 0..blocks {
+            s.push_str(&vp.body(u, &inner));
+        }
+        writeln!(s, "{indent}    }}").unwrap();
+    }
+    write!(
+        s,
+        "{indent}    for (; j < {hi}; j++) {{\n{scalar_body}{indent}    }}\n{indent}}}\n"
+    )
+    .unwrap();
+    s
+}
+
 /// The 16-lane vector type and combining function of `kfuse_math.h` for a reduction whose
 /// lanes combine like [`combine`], where there is one.
 fn vector_combine(op: ReduceOp, d: DType) -> Option<(&'static str, &'static str)> {
     Some(match (op, d) {
         (ReduceOp::Sum, DType::F32) => ("kf_f32x16", "kf_vsum_f32"),
         (ReduceOp::Prod, DType::F32) => ("kf_f32x16", "kf_vprod_f32"),
-        (ReduceOp::Max, DType::F32) => ("kf_f32x16", "kf_vmax_f32"),
-        (ReduceOp::Min, DType::F32) => ("kf_f32x16", "kf_vmin_f32"),
+        (ReduceOp::Max, DType::F32) => ("kf_f32x16", "kf_vmaximum"),
+        (ReduceOp::Min, DType::F32) => ("kf_f32x16", "kf_vminimum"),
         (ReduceOp::Sum, DType::F64) => ("kf_f64x16", "kf_vsum_f64"),
         (ReduceOp::Prod, DType::F64) => ("kf_f64x16", "kf_vprod_f64"),
         (ReduceOp::Max, DType::F64) => ("kf_f64x16", "kf_vmax_f64"),
@@ -568,7 +621,8 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         .collect();
     roots.push(inner_stores.clone());
     let passes = plan_passes(kernel, &levels, &roots);
-    let staged = staged_stores(kernel, &levels, &inner_stores);
+    let final_pass = roots.len() - 1;
+    let staged = staged_stores(kernel, &levels, &inner_stores, &passes.compute[final_pass]);
     let streams = staged.iter().any(Option::is_some);
     for (k, st) in staged.iter().enumerate() {
         if let (Some(_), InstKind::Store { arg, .. }) = (st, kernel.insts[k].kind) {
@@ -576,7 +630,6 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
             writeln!(s, "    {t} stage{k}[{STAGE}] __attribute__((aligned(64)));").unwrap();
         }
     }
-    let final_pass = roots.len() - 1;
     // Row scratch arrays for values computed in one pass and reloaded in later ones.
     let scratch: Vec<usize> = (0..kernel.insts.len())
         .filter(|&k| passes.save.iter().any(|p| p[k]))
@@ -599,6 +652,17 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         let inst = kernel.insts[i];
         if let InstKind::Reduce { op, value } = inst.kind {
             let body = pass_body(kernel, &passes, pass, &staged, "                ")?;
+            let vp = (inst.dtype == DType::F32)
+                .then(|| {
+                    VectorPass::new(
+                        kernel,
+                        &passes.compute[pass],
+                        &passes.reload[pass],
+                        &passes.save[pass],
+                        &staged,
+                    )
+                })
+                .flatten();
             pass += 1;
             let d = inst.dtype;
             let vd = kernel.inst(value).dtype;
@@ -614,7 +678,50 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
             let id = identity(op, d);
             let c = combine(op, d, "acc[l]", &v(value));
             writeln!(s, "        {t} v{i};\n        {{\n            {t} acc[16];\n            for (int l = 0; l < 16; l++) acc[l] = {id};").unwrap();
-            if let Some(vt) = vector_combine(op, d).filter(|_| vd == d) {
+            if let (Some((vty, f)), Some(vp)) = (vector_combine(op, d).filter(|_| vd == d), &vp) {
+                // Vector bodies: each block copy yields its 16 terms as one vector.
+                writeln!(s, "            int64_t jb = 0;\n            {{\n                {vty} vacc;\n                memcpy(&vacc, acc, sizeof acc);").unwrap();
+                let inner = "                    ";
+                let loops: &[(usize, usize)] = if matches!(op, ReduceOp::Max | ReduceOp::Min) {
+                    // Four accumulators, as below.
+                    writeln!(
+                        s,
+                        "                {vty} vacc1 = vacc, vacc2 = vacc, vacc3 = vacc;"
+                    )
+                    .unwrap();
+                    &[(4, 4), (1, 1)]
+                } else {
+                    // One accumulator: the blocks' terms combine in order.
+                    &[(UNROLL, 1), (1, 1)]
+                };
+                for &(blocks, accs) in loops {
+                    let width = LANES * blocks;
+                    writeln!(s, "                for (; jb + {width} <= {n_inner}; jb += {width}) {{\n{inner}int64_t j = jb;").unwrap();
+                    for u in 0..blocks {
+                        s.push_str(&vp.body(u, inner));
+                    }
+                    for u in 0..blocks {
+                        let acc = match u % accs {
+                            0 => "vacc".to_string(),
+                            a => format!("vacc{a}"),
+                        };
+                        writeln!(s, "{inner}{acc} = {f}({acc}, {});", vp.vector(value, u)).unwrap();
+                    }
+                    writeln!(s, "                }}").unwrap();
+                    if accs == 4 {
+                        writeln!(
+                            s,
+                            "                vacc = {f}({f}(vacc, vacc1), {f}(vacc2, vacc3));"
+                        )
+                        .unwrap();
+                    }
+                }
+                writeln!(
+                    s,
+                    "                memcpy(acc, &vacc, sizeof acc);\n            }}"
+                )
+                .unwrap();
+            } else if let Some(vt) = vector_combine(op, d).filter(|_| vd == d) {
                 // The 16 partial results live in one vector value (registers) over the blocks
                 // of 16 terms; the tail and the pairwise tree use the array.
                 let (vty, f) = vt;
@@ -658,22 +765,24 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         writeln!(s, "        {}", statement(kernel, i)?).unwrap();
     }
     if !inner_stores.is_empty() {
-        let indent = if streams {
-            "                "
-        } else {
-            "            "
-        };
-        let body = pass_body(kernel, &passes, final_pass, &staged, indent)?;
+        let vp = VectorPass::new(
+            kernel,
+            &passes.compute[final_pass],
+            &passes.reload[final_pass],
+            &passes.save[final_pass],
+            &staged,
+        );
+        let indent = if streams { "            " } else { "        " };
+        // The scalar body sits one level deeper inside the vector form's block.
+        let body_indent = format!("{indent}{}", if vp.is_some() { "        " } else { "    " });
+        let body = pass_body(kernel, &passes, final_pass, &staged, &body_indent)?;
         if !streams {
-            writeln!(
-                s,
-                "        for (int64_t j = j_lo; j < j_hi; j++) {{\n{body}        }}"
-            )
-            .unwrap();
+            s.push_str(&inner_loop(vp.as_ref(), &body, "j_lo", "j_hi", indent));
         } else {
             // Blocks of STAGE elements: the pass fills L1-resident staging arrays, which are then
             // streamed to their outputs.
-            writeln!(s, "        for (int64_t jb = j_lo; jb < j_hi; jb += {STAGE}) {{\n            int64_t je = jb + {STAGE} < j_hi ? jb + {STAGE} : j_hi;\n            for (int64_t j = jb; j < je; j++) {{\n{body}            }}").unwrap();
+            writeln!(s, "        for (int64_t jb = j_lo; jb < j_hi; jb += {STAGE}) {{\n            int64_t je = jb + {STAGE} < j_hi ? jb + {STAGE} : j_hi;").unwrap();
+            s.push_str(&inner_loop(vp.as_ref(), &body, "jb", "je", indent));
             for (k, st) in staged.iter().enumerate() {
                 let (Some(st), InstKind::Store { arg, .. }) = (st, kernel.insts[k].kind) else {
                     continue;

@@ -50,6 +50,7 @@ const COMMON_FLAGS: &[&str] = &[
     "-O3",
     "-march=native",
     "-mprefer-vector-width=512",
+    "-fschedule-insns",
     "-std=gnu11",
     "-fPIC",
     "-shared",

@@ -1,7 +1,9 @@
 //! The generated C keeps its loops vectorized: every f32 elementwise op (one operand or two)
 //! whose C definition is written to vectorize, in both numerics modes, as GCC reports it
-//! (`-fopt-info-vec`). Row reductions are not covered: they build their 16-lane vectors
-//! explicitly, which GCC's report does not describe. A flag or header change that leaves such
+//! (`-fopt-info-vec`). Kernels with vector bodies run most elements through explicit 16-lane
+//! code, which GCC's report does not describe (`vector_math.rs` checks those functions); the
+//! report covers their scalar remainder loops and the lane-by-lane loops of ops without a
+//! 16-lane function, which is where a scalar form would show. A flag or header change that leaves such
 //! a loop scalar costs 10x or more (strict-mode kernels once ran `exp` at 13 ns per element for
 //! want of `-fno-trapping-math`); this test names the op and the compiler's reason instead of
 //! waiting for a benchmark to notice.

@@ -489,3 +489,172 @@ KF_INLINE kf_f64x16 kf_vmax_f64(kf_f64x16 a, kf_f64x16 b) {
 KF_INLINE kf_f64x16 kf_vmin_f64(kf_f64x16 a, kf_f64x16 b) {
     return kf_vpick_f64(a, b, (a < b) | ((a == b) & ((kf_i64x16)a >> 63)));
 }
+
+/* ---- 16-lane elementwise math ----
+ * Inner loops whose loads and stores are contiguous run on 16-lane values (c.rs, "vector
+ * bodies"). Each kf_v* function computes, lane by lane, exactly what its scalar twin above
+ * computes, so strict kernels stay bit-identical to the reference interpreter whichever form
+ * runs (crates/kfuse-cpu/tests/vector_math.rs sweeps them against the scalar forms). With
+ * AVX-512, single instructions take over multi-instruction steps:
+ *  - vscalefps multiplies by 2^k with one rounding, which is what kf_scale's exact first
+ *    product and rounding second product give;
+ *  - vgetexpps / vgetmantps split a float into exponent and [1, 2) mantissa, subnormals
+ *    included, as kf_split_log does;
+ *  - vfixupimmps puts log's special results (0 -> -inf, +inf -> +inf, negative or NaN -> NaN)
+ *    in place in one step;
+ *  - exp's clamps are vmaxps / vminps, which return their second operand when either is NaN,
+ *    so a NaN argument flows through to a NaN result without a select.
+ * NaN results may carry another payload than the scalar form's; kfuse compares NaNs as NaN.
+ * Without AVX-512 every function applies its scalar twin lane by lane. */
+KF_INLINE kf_f32x16 kf_vsplat(float x) {
+    kf_f32x16 v = {x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+    return v;
+}
+/* m: lanes all ones (take a) or all zeros (take b), as vector comparisons give. */
+KF_INLINE kf_f32x16 kf_vsel(kf_i32x16 m, kf_f32x16 a, kf_f32x16 b) {
+    return (kf_f32x16)(((kf_i32x16)a & m) | ((kf_i32x16)b & ~m));
+}
+KF_INLINE kf_f32x16 kf_vabs(kf_f32x16 x) { return (kf_f32x16)((kf_i32x16)x & 0x7fffffff); }
+KF_INLINE kf_f32x16 kf_vcopysign(kf_f32x16 m, kf_f32x16 s) {
+    return (kf_f32x16)(((kf_i32x16)m & 0x7fffffff) | ((kf_i32x16)s & (int32_t)0x80000000));
+}
+KF_INLINE kf_f32x16 kf_vexp_poly(kf_f32x16 r) {
+    return ((((1.9875691e-4f * r + 1.3981999e-3f) * r + 8.333452e-3f) * r + 4.1665796e-2f) * r
+            + 1.6666665e-1f) * r + 5.0000001e-1f;
+}
+KF_INLINE kf_f32x16 kf_vexp_reduced(kf_f32x16 r) { return r * r * kf_vexp_poly(r) + r + 1.0f; }
+KF_INLINE kf_f32x16 kf_vlog_tail(kf_f32x16 f) {
+    kf_f32x16 z = f * f;
+    kf_f32x16 p = kf_vsplat(7.0376836e-2f);
+    p = p * f + -1.151461e-1f;
+    p = p * f + 1.1676999e-1f;
+    p = p * f + -1.2420141e-1f;
+    p = p * f + 1.4249323e-1f;
+    p = p * f + -1.6668058e-1f;
+    p = p * f + 2.0000714e-1f;
+    p = p * f + -2.4999994e-1f;
+    p = p * f + 3.3333331e-1f;
+    return f * z * p;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#define KF_VECTOR_ISA "avx512"
+typedef unsigned short kf_m16;
+#define KF_ALL ((kf_m16)-1)
+#define KF_CUR 4 /* _MM_FROUND_CUR_DIRECTION */
+KF_INLINE kf_f32x16 kf_vrint(kf_f32x16 x) { return __builtin_ia32_rndscaleps_mask(x, 0x08, x, KF_ALL, KF_CUR); }
+KF_INLINE kf_f32x16 kf_vfloor(kf_f32x16 x) { return __builtin_ia32_rndscaleps_mask(x, 0x09, x, KF_ALL, KF_CUR); }
+KF_INLINE kf_f32x16 kf_vceil(kf_f32x16 x) { return __builtin_ia32_rndscaleps_mask(x, 0x0a, x, KF_ALL, KF_CUR); }
+KF_INLINE kf_f32x16 kf_vsqrt(kf_f32x16 x) { return __builtin_ia32_sqrtps512_mask(x, x, KF_ALL, KF_CUR); }
+/* max(a, b) of vmaxps: b when either is NaN. */
+KF_INLINE kf_f32x16 kf_vmaxps(kf_f32x16 a, kf_f32x16 b) { return __builtin_ia32_maxps512_mask(a, b, a, KF_ALL, KF_CUR); }
+KF_INLINE kf_f32x16 kf_vminps(kf_f32x16 a, kf_f32x16 b) { return __builtin_ia32_minps512_mask(a, b, a, KF_ALL, KF_CUR); }
+/* kf_maximum / kf_minimum: vrangeps orders -0 below +0; where either operand is NaN (which
+ * vrangeps would pass over), a + b puts a NaN in place. */
+KF_INLINE kf_f32x16 kf_vnan_either(kf_f32x16 a, kf_f32x16 b, kf_f32x16 r) {
+    kf_m16 nan = __builtin_ia32_cmpps512_mask(a, b, 0x3, KF_ALL, KF_CUR);
+    return __builtin_ia32_addps512_mask(a, b, r, nan, KF_CUR);
+}
+KF_INLINE kf_f32x16 kf_vmaximum(kf_f32x16 a, kf_f32x16 b) {
+    return kf_vnan_either(a, b, __builtin_ia32_rangeps512_mask(a, b, 0x5, a, KF_ALL, KF_CUR));
+}
+KF_INLINE kf_f32x16 kf_vminimum(kf_f32x16 a, kf_f32x16 b) {
+    return kf_vnan_either(a, b, __builtin_ia32_rangeps512_mask(a, b, 0x4, a, KF_ALL, KF_CUR));
+}
+KF_INLINE kf_f32x16 kf_vexp(kf_f32x16 x) {
+    kf_f32x16 xc = kf_vminps(kf_vsplat(89.0f), kf_vmaxps(kf_vsplat(-110.0f), x));
+    kf_f32x16 k = kf_vrint(xc * KF_LOG2_E);
+    kf_f32x16 r = xc - k * KF_LN2_HI - k * KF_LN2_LO;
+    return __builtin_ia32_scalefps512_mask(kf_vexp_reduced(r), k, r, KF_ALL, KF_CUR);
+}
+KF_INLINE kf_f32x16 kf_vexp2(kf_f32x16 x) {
+    kf_f32x16 xc = kf_vminps(kf_vsplat(129.0f), kf_vmaxps(kf_vsplat(-160.0f), x));
+    kf_f32x16 k = kf_vrint(xc);
+    kf_f32x16 f = xc - k;
+    kf_f32x16 r = f * KF_LN2_HI + f * KF_LN2_LO;
+    return __builtin_ia32_scalefps512_mask(kf_vexp_reduced(r), k, r, KF_ALL, KF_CUR);
+}
+/* x = (1 + f) 2^e as kf_split_log; then the special results of kf_log_special. */
+KF_INLINE void kf_vsplit_log(kf_f32x16 x, kf_f32x16 *e_out, kf_f32x16 *f_out) {
+    kf_f32x16 e = __builtin_ia32_getexpps512_mask(x, x, KF_ALL, KF_CUR);
+    kf_f32x16 m = __builtin_ia32_getmantps512_mask(x, 0, x, KF_ALL, KF_CUR);
+    kf_m16 big = __builtin_ia32_cmpps512_mask(m, kf_vsplat(2.0f * KF_SQRT_HALF), 0x1e, KF_ALL, KF_CUR);
+    *f_out = __builtin_ia32_mulps512_mask(m, kf_vsplat(0.5f), m, big, KF_CUR) - 1.0f;
+    *e_out = __builtin_ia32_addps512_mask(e, kf_vsplat(1.0f), e, big, KF_CUR);
+}
+KF_INLINE kf_f32x16 kf_vlog_special(kf_f32x16 x, kf_f32x16 v) {
+    /* Per input class, 4 bits: QNaN, SNaN -> QNaN(x); 0 -> -inf; 1 -> v; -inf -> NaN;
+     * +inf -> +inf; negative -> NaN; positive -> v. */
+    return __builtin_ia32_fixupimmps512_mask(v, x, (kf_i32x16){} + (int32_t)0x03530422, 0, KF_ALL, KF_CUR);
+}
+#else
+#define KF_VECTOR_ISA "lanewise"
+#define KF_LANEWISE(name, scalar)                                            \
+    KF_INLINE kf_f32x16 name(kf_f32x16 x) {                                  \
+        kf_f32x16 r;                                                         \
+        for (int l = 0; l < 16; l++) r[l] = scalar(x[l]);                    \
+        return r;                                                            \
+    }
+KF_LANEWISE(kf_vrint, rintf)
+KF_LANEWISE(kf_vfloor, floorf)
+KF_LANEWISE(kf_vceil, ceilf)
+KF_LANEWISE(kf_vsqrt, sqrtf)
+KF_LANEWISE(kf_vexp, kf_exp)
+KF_LANEWISE(kf_vexp2, kf_exp2)
+KF_INLINE kf_f32x16 kf_vmaximum(kf_f32x16 a, kf_f32x16 b) { return kf_vmax_f32(a, b); }
+KF_INLINE kf_f32x16 kf_vminimum(kf_f32x16 a, kf_f32x16 b) { return kf_vmin_f32(a, b); }
+KF_INLINE void kf_vsplit_log(kf_f32x16 x, kf_f32x16 *e_out, kf_f32x16 *f_out) {
+    for (int l = 0; l < 16; l++) {
+        float e, f;
+        kf_split_log(x[l], &e, &f);
+        (*e_out)[l] = e;
+        (*f_out)[l] = f;
+    }
+}
+KF_INLINE kf_f32x16 kf_vlog_special(kf_f32x16 x, kf_f32x16 v) {
+    for (int l = 0; l < 16; l++) v[l] = kf_log_special(x[l], v[l]);
+    return v;
+}
+#endif
+
+KF_INLINE kf_f32x16 kf_vlog(kf_f32x16 x) {
+    kf_f32x16 e, f;
+    kf_vsplit_log(x, &e, &f);
+    kf_f32x16 z = f * f;
+    kf_f32x16 y = kf_vlog_tail(f) + e * KF_LN2_LO - 0.5f * z;
+    return kf_vlog_special(x, f + y + e * KF_LN2_HI);
+}
+KF_INLINE kf_f32x16 kf_vlog2(kf_f32x16 x) {
+    kf_f32x16 e, f;
+    kf_vsplit_log(x, &e, &f);
+    kf_f32x16 ln_m = f + (kf_vlog_tail(f) - 0.5f * f * f);
+    return kf_vlog_special(x, e + ln_m * KF_LOG2_E);
+}
+KF_INLINE kf_f32x16 kf_vlog1p(kf_f32x16 x) {
+    kf_f32x16 u = 1.0f + x;
+    kf_f32x16 v = kf_vlog(u) * (x / (u - 1.0f));
+    v = kf_vsel(u <= 0.0f, kf_vsel(u == 0.0f, kf_vsplat(-INFINITY), kf_vsplat(NAN)), v);
+    v = kf_vsel(u == 1.0f, x, v);
+    v = kf_vsel(x == INFINITY, x, v);
+    return kf_vsel(x != x, x, v);
+}
+KF_INLINE kf_f32x16 kf_vtanh(kf_f32x16 x) {
+    kf_f32x16 ax = kf_vabs(x);
+    kf_f32x16 z = x * x;
+    kf_f32x16 p = (((-5.7049887e-3f * z + 2.0639089e-2f) * z - 5.3739716e-2f) * z + 1.3331442e-1f) * z - 3.3333282e-1f;
+    kf_f32x16 small = x + x * z * p;
+    kf_f32x16 t = kf_vsel(ax > 9.0f, kf_vsplat(1.0f), 1.0f - 2.0f / (kf_vexp(2.0f * ax) + 1.0f));
+    kf_f32x16 v = kf_vcopysign(t, x);
+    v = kf_vsel(ax < 0.625f, small, v);
+    v = kf_vsel(ax < 2.44e-4f, x, v);
+    return kf_vsel(ax != ax, x, v);
+}
+KF_INLINE kf_f32x16 kf_vsigmoid(kf_f32x16 x) {
+    kf_i32x16 pos = x >= 0.0f;
+    kf_f32x16 e = kf_vexp(kf_vsel(pos, -x, x));
+    return kf_vsel(pos, kf_vsplat(1.0f), e) / (1.0f + e);
+}
+KF_INLINE kf_f32x16 kf_vsoftplus(kf_f32x16 x) {
+    kf_f32x16 v = kf_vsel(x > 0.0f, x, kf_vsplat(0.0f)) + kf_vlog1p(kf_vexp(-kf_vabs(x)));
+    return kf_vsel(x != x, x, v);
+}

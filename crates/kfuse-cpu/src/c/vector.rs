@@ -1,0 +1,350 @@
+//! Vector bodies: one pass's inner-level work on blocks of 16 consecutive inner indices.
+//!
+//! GCC vectorizes the scalar loop bodies well, but it can only use the instructions its scalar
+//! code implies. A vector body calls the 16-lane functions of `kfuse_math.h` instead, which use
+//! single AVX-512 instructions for steps that take several in scalar form (scaling by `2^k`,
+//! splitting a float into exponent and mantissa, log's special cases): `log(exp(x) + 1)` takes
+//! about half the instructions. The lanes compute exactly what the scalar body computes, so the
+//! two forms give the same bits in strict mode and either may run any element.
+//!
+//! A pass has a vector body when every inner-level value it computes is `f32` (or a mask from
+//! comparing `f32` values), every load and store it does is contiguous in the inner index, and
+//! its index arithmetic is inner index plus outer-level terms. Everything else renders as
+//! before: a kernel loses nothing by not qualifying.
+//!
+//! Bodies are emitted in pairs per loop iteration ([`UNROLL`]): transcendental chains are long
+//! and serial, and two independent blocks give the out-of-order core (and GCC's scheduler) work
+//! to overlap. `log(exp(x) + 1)` runs at 0.34 against 0.41 ns per element with one block.
+
+use std::fmt::Write;
+
+use kfuse_ir::{BinaryOp, CompareOp, DType, UnaryOp};
+use kfuse_kernel::{IndexOp, InstId, InstKind, Kernel, Level};
+
+use super::{binary, index_op, unary, v, Staged};
+
+/// Blocks of 16 per iteration of a vector loop.
+pub(super) const UNROLL: usize = 2;
+
+/// Lanes per vector value.
+pub(super) const LANES: usize = 16;
+
+/// The coefficient of the inner index in each index-valued instruction, where it is affine
+/// with a known coefficient (outer-level values: 0).
+fn inner_coefficients(kernel: &Kernel, levels: &[Level]) -> Vec<Option<i64>> {
+    let mut coef: Vec<Option<i64>> = Vec::with_capacity(kernel.insts.len());
+    for (i, inst) in kernel.insts.iter().enumerate() {
+        let c = if levels[i] == Level::Outer {
+            Some(0)
+        } else {
+            match inst.kind {
+                InstKind::InnerIndex => Some(1),
+                InstKind::Index(op, a, b) => match (op, coef[a.index()], coef[b.index()]) {
+                    (IndexOp::Add, Some(x), Some(y)) => x.checked_add(y),
+                    (IndexOp::Sub, Some(x), Some(y)) => x.checked_sub(y),
+                    (_, Some(0), Some(0)) => Some(0),
+                    _ => None,
+                },
+                _ => None,
+            }
+        };
+        coef.push(c);
+    }
+    coef
+}
+
+/// The vector form of one pass, if it has one.
+pub(super) struct VectorPass<'a> {
+    kernel: &'a Kernel,
+    levels: Vec<Level>,
+    compute: &'a [bool],
+    reload: &'a [bool],
+    save: &'a [bool],
+    staged: &'a [Option<Staged>],
+}
+
+fn is_index(kind: InstKind) -> bool {
+    matches!(kind, InstKind::InnerIndex | InstKind::Index(..))
+}
+
+impl<'a> VectorPass<'a> {
+    /// The vector form of the pass computing `compute`, reloading `reload` from row scratch
+    /// arrays and saving `save` there; `None` where some instruction has none.
+    pub(super) fn new(
+        kernel: &'a Kernel,
+        compute: &'a [bool],
+        reload: &'a [bool],
+        save: &'a [bool],
+        staged: &'a [Option<Staged>],
+    ) -> Option<Self> {
+        let levels = kernel.levels();
+        let coef = inner_coefficients(kernel, &levels);
+        let dt = |id: InstId| kernel.inst(id).dtype;
+        let inner = |id: InstId| levels[id.index()] == Level::Inner;
+        // An index value feeds only index arithmetic and addresses: no lane holds it.
+        let no_index = |ids: &[InstId]| {
+            ids.iter()
+                .all(|&o| !(inner(o) && is_index(kernel.inst(o).kind)))
+        };
+        for k in 0..kernel.insts.len() {
+            if reload[k] {
+                if kernel.insts[k].dtype != DType::F32 {
+                    return None;
+                }
+                continue;
+            }
+            if !compute[k] {
+                continue;
+            }
+            let inst = kernel.insts[k];
+            let d = inst.dtype;
+            let ok = match inst.kind {
+                InstKind::InnerIndex | InstKind::Index(..) => coef[k].is_some(),
+                InstKind::Load { offset, .. } => d == DType::F32 && coef[offset.index()] == Some(1),
+                InstKind::Store { offset, value, .. } => {
+                    d == DType::F32 && coef[offset.index()] == Some(1) && no_index(&[value])
+                }
+                InstKind::Unary(u, a) => {
+                    no_index(&[a]) && (d == DType::F32 || (d == DType::Bool && u == UnaryOp::Not))
+                }
+                InstKind::Binary(b, x, y) => {
+                    no_index(&[x, y])
+                        && (d == DType::F32
+                            || (d == DType::Bool
+                                && matches!(b, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor)))
+                }
+                InstKind::Compare(_, x, y) => no_index(&[x, y]) && dt(x) == DType::F32,
+                InstKind::Select(c, x, y) => {
+                    no_index(&[c, x, y]) && d == DType::F32 && dt(c) == DType::Bool
+                }
+                InstKind::Cast(a) => {
+                    no_index(&[a])
+                        && matches!(
+                            (dt(a), d),
+                            (DType::Bool, DType::F32) | (DType::F32, DType::Bool)
+                        )
+                }
+                InstKind::OuterIndex | InstKind::Const(_) | InstKind::Reduce { .. } => false,
+            };
+            if !ok {
+                return None;
+            }
+        }
+        Some(VectorPass {
+            kernel,
+            levels,
+            compute,
+            reload,
+            save,
+            staged,
+        })
+    }
+
+    fn inner(&self, id: InstId) -> bool {
+        self.levels[id.index()] == Level::Inner
+    }
+
+    /// The value `id` in block copy `u`: a vector (or index) for inner-level values, the
+    /// scalar for outer-level ones.
+    fn name(&self, id: InstId, u: usize) -> String {
+        if self.inner(id) {
+            format!("v{}_{u}", id.0)
+        } else {
+            v(id)
+        }
+    }
+
+    /// `id` as an `f32` vector.
+    pub(super) fn vector(&self, id: InstId, u: usize) -> String {
+        if self.inner(id) {
+            self.name(id, u)
+        } else {
+            format!("kf_vsplat({})", v(id))
+        }
+    }
+
+    /// `id` (a bool) as a lane mask.
+    fn mask(&self, id: InstId, u: usize) -> String {
+        if self.inner(id) {
+            self.name(id, u)
+        } else {
+            format!("((kf_i32x16){{}} - (int32_t)({} != 0))", v(id))
+        }
+    }
+
+    /// `id` in lane `l` of a lane-by-lane loop.
+    fn lane(&self, id: InstId, u: usize) -> String {
+        if self.inner(id) {
+            format!("{}[l]", self.name(id, u))
+        } else {
+            v(id)
+        }
+    }
+
+    /// The statements of block copy `u`, whose first inner index is `j + 16 u`.
+    pub(super) fn body(&self, u: usize, indent: &str) -> String {
+        let mut s = String::new();
+        let at = if u == 0 {
+            "j".to_string()
+        } else {
+            format!("(j + {})", LANES * u)
+        };
+        for k in 0..self.kernel.insts.len() {
+            let id = InstId(k as u32);
+            let name = self.name(id, u);
+            if self.reload[k] {
+                writeln!(
+                    s,
+                    "{indent}kf_f32x16 {name};\n{indent}memcpy(&{name}, scratch{k} + {at}, 64);"
+                )
+                .unwrap();
+                continue;
+            }
+            if !self.compute[k] {
+                continue;
+            }
+            let inst = self.kernel.insts[k];
+            let vec = |x: InstId| self.vector(x, u);
+            let mask = |x: InstId| self.mask(x, u);
+            let line = match inst.kind {
+                InstKind::InnerIndex => format!("int64_t {name} = {at};"),
+                InstKind::Index(op, a, b) => format!(
+                    "int64_t {name} = {};",
+                    index_op(op, &self.name(a, u), &self.name(b, u))
+                ),
+                InstKind::Load { arg, offset } => format!(
+                    "kf_f32x16 {name};\n{indent}memcpy(&{name}, a{arg} + {}, 64);",
+                    self.name(offset, u)
+                ),
+                InstKind::Store { arg, offset, value } => {
+                    let dst = match self.staged[k] {
+                        Some(_) => format!("stage{k} + ({at} - jb)"),
+                        None => format!("a{arg} + {}", self.name(offset, u)),
+                    };
+                    format!(
+                        "{{ kf_f32x16 st = {}; memcpy({dst}, &st, 64); }}",
+                        vec(value)
+                    )
+                }
+                InstKind::Unary(op, a) => {
+                    if inst.dtype == DType::Bool {
+                        format!("kf_i32x16 {name} = ~{};", mask(a))
+                    } else {
+                        match vector_unary(op, &vec(a)) {
+                            Some(e) => format!("kf_f32x16 {name} = {e};"),
+                            None => {
+                                lanewise(&name, unary(op, &self.lane(a, u), DType::F32), indent)
+                            }
+                        }
+                    }
+                }
+                InstKind::Binary(op, x, y) => {
+                    if inst.dtype == DType::Bool {
+                        let o = match op {
+                            BinaryOp::And => "&",
+                            BinaryOp::Or => "|",
+                            _ => "^",
+                        };
+                        format!("kf_i32x16 {name} = {} {o} {};", mask(x), mask(y))
+                    } else {
+                        match vector_binary(op, &vec(x), &vec(y)) {
+                            Some(e) => format!("kf_f32x16 {name} = {e};"),
+                            None => lanewise(
+                                &name,
+                                binary(op, &self.lane(x, u), &self.lane(y, u), DType::F32),
+                                indent,
+                            ),
+                        }
+                    }
+                }
+                InstKind::Compare(c, x, y) => {
+                    format!(
+                        "kf_i32x16 {name} = {} {} {};",
+                        vec(x),
+                        compare_op(c),
+                        vec(y)
+                    )
+                }
+                InstKind::Select(c, x, y) => format!(
+                    "kf_f32x16 {name} = kf_vsel({}, {}, {});",
+                    mask(c),
+                    vec(x),
+                    vec(y)
+                ),
+                InstKind::Cast(a) => {
+                    if inst.dtype == DType::F32 {
+                        format!(
+                            "kf_f32x16 {name} = kf_vsel({}, kf_vsplat(1.0f), kf_vsplat(0.0f));",
+                            mask(a)
+                        )
+                    } else {
+                        format!("kf_i32x16 {name} = {} != 0.0f;", vec(a))
+                    }
+                }
+                InstKind::OuterIndex | InstKind::Const(_) | InstKind::Reduce { .. } => {
+                    unreachable!("checked in VectorPass::new")
+                }
+            };
+            writeln!(s, "{indent}{line}").unwrap();
+            if self.save[k] {
+                writeln!(s, "{indent}memcpy(scratch{k} + {at}, &{name}, 64);").unwrap();
+            }
+        }
+        s
+    }
+}
+
+/// `name` computed lane by lane from a scalar expression, for ops without a 16-lane function
+/// (GCC vectorizes the loop where the scalar form vectorizes).
+fn lanewise(name: &str, scalar: Result<String, super::Unsupported>, indent: &str) -> String {
+    let e = scalar.expect("every f32 unary and binary op has a scalar form");
+    format!("kf_f32x16 {name};\n{indent}for (int l = 0; l < 16; l++) {name}[l] = {e};")
+}
+
+fn compare_op(c: CompareOp) -> &'static str {
+    match c {
+        CompareOp::Eq => "==",
+        CompareOp::Ne => "!=",
+        CompareOp::Lt => "<",
+        CompareOp::Le => "<=",
+        CompareOp::Gt => ">",
+        CompareOp::Ge => ">=",
+    }
+}
+
+/// The 16-lane form of an `f32` unary op, where `kfuse_math.h` has one.
+fn vector_unary(op: UnaryOp, x: &str) -> Option<String> {
+    let f = |name: &str| Some(format!("{name}({x})"));
+    match op {
+        UnaryOp::Neg => Some(format!("-{x}")),
+        UnaryOp::Abs => f("kf_vabs"),
+        UnaryOp::Exp => f("kf_vexp"),
+        UnaryOp::Exp2 => f("kf_vexp2"),
+        UnaryOp::Log => f("kf_vlog"),
+        UnaryOp::Log2 => f("kf_vlog2"),
+        UnaryOp::Log1p => f("kf_vlog1p"),
+        UnaryOp::Sqrt => f("kf_vsqrt"),
+        UnaryOp::Reciprocal => Some(format!("1.0f / {x}")),
+        UnaryOp::Tanh => f("kf_vtanh"),
+        UnaryOp::Sigmoid => f("kf_vsigmoid"),
+        UnaryOp::Softplus => f("kf_vsoftplus"),
+        UnaryOp::Relu => Some(format!("kf_vmaximum({x}, kf_vsplat(0.0f))")),
+        UnaryOp::Floor => f("kf_vfloor"),
+        UnaryOp::Ceil => f("kf_vceil"),
+        UnaryOp::Round => f("kf_vrint"),
+        _ => None,
+    }
+}
+
+/// The 16-lane form of an `f32` binary op, where there is one.
+fn vector_binary(op: BinaryOp, x: &str, y: &str) -> Option<String> {
+    match op {
+        BinaryOp::Add => Some(format!("{x} + {y}")),
+        BinaryOp::Sub => Some(format!("{x} - {y}")),
+        BinaryOp::Mul => Some(format!("{x} * {y}")),
+        BinaryOp::Div => Some(format!("{x} / {y}")),
+        BinaryOp::Max => Some(format!("kf_vmaximum({x}, {y})")),
+        BinaryOp::Min => Some(format!("kf_vminimum({x}, {y})")),
+        _ => None,
+    }
+}
