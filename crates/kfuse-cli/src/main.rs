@@ -7,6 +7,10 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 use kfuse::{Array, CustomOps, Graph};
 
+/// Large tensors aligned to cache lines (see `kfuse_runtime::CacheAligned`).
+#[global_allocator]
+static ALLOC: kfuse::CacheAligned = kfuse::CacheAligned;
+
 mod bench;
 mod demo;
 mod explain;

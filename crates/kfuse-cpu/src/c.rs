@@ -12,7 +12,7 @@ use kfuse_ir::{BinaryOp, CompareOp, DType, ReduceOp, UnaryOp};
 use kfuse_kernel::{Access, IndexOp, InstId, InstKind, Kernel, Level};
 
 mod vector;
-use vector::{VectorPass, LANES, UNROLL};
+use vector::{NextRow, VectorPass, LANES, UNROLL};
 
 /// The C vector-math library every kernel includes.
 pub const MATH_HEADER: &str = include_str!("c/kfuse_math.h");
@@ -622,6 +622,13 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
     roots.push(inner_stores.clone());
     let passes = plan_passes(kernel, &levels, &roots);
     let final_pass = roots.len() - 1;
+    // Rows for the next outer iteration are prefetched during the second pass, where that is
+    // a reduction pass.
+    let next_row = if roots.len() > 2 {
+        NextRow::new(kernel, &passes.compute[0])
+    } else {
+        None
+    };
     let staged = staged_stores(kernel, &levels, &inner_stores, &passes.compute[final_pass]);
     let streams = staged.iter().any(Option::is_some);
     for (k, st) in staged.iter().enumerate() {
@@ -663,6 +670,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
                     )
                 })
                 .flatten();
+            let this_pass = pass;
             pass += 1;
             let d = inst.dtype;
             let vd = kernel.inst(value).dtype;
@@ -699,6 +707,9 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
                     writeln!(s, "                for (; jb + {width} <= {n_inner}; jb += {width}) {{\n{inner}int64_t j = jb;").unwrap();
                     for u in 0..blocks {
                         s.push_str(&vp.body(u, inner));
+                        if let (1, Some(next)) = (this_pass, &next_row) {
+                            s.push_str(&next.prefetches(kernel, u, inner));
+                        }
                     }
                     for u in 0..blocks {
                         let acc = match u % accs {

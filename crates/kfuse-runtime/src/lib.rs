@@ -9,12 +9,14 @@
 //! (matmul, convolution, sort, ...) run the reference interpreter's implementation of the op on
 //! whole buffers.
 
+pub use align::CacheAligned;
 pub use calibrate::{calibrate, calibrated_cost_model};
 use kfuse_cpu::{CacheOutcome, CompiledKernel, Compiler, Numerics};
 use kfuse_fusion::{partition, CostModel, FusePolicy, Partition};
 use kfuse_interp::{CustomOps, InterpError};
 pub use runner::{plan_memory, MemoryPlan, Runner};
 
+mod align;
 mod calibrate;
 mod runner;
 use kfuse_ir::{Array, Graph};

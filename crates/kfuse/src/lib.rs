@@ -35,7 +35,7 @@ pub use kfuse_ir::{
     UnaryOp, Value,
 };
 pub use kfuse_npy as npy;
-pub use kfuse_runtime::{Backend, Executable, Options, Tier};
+pub use kfuse_runtime::{Backend, CacheAligned, Executable, Options, Tier};
 pub use tensor::{cat, where_, Context, Tensor};
 pub use {
     kfuse_cpu as cpu, kfuse_fusion as fusion, kfuse_kernel as kernel, kfuse_opt as opt,

@@ -294,6 +294,93 @@ impl<'a> VectorPass<'a> {
     }
 }
 
+/// Index instruction `id` as a C expression of the outer and inner indices `o` and `j`, where
+/// it is index arithmetic all the way down.
+fn index_expr(kernel: &Kernel, id: InstId, o: &str, j: &str) -> Option<String> {
+    let inst = kernel.inst(id);
+    Some(match inst.kind {
+        InstKind::OuterIndex => o.to_string(),
+        InstKind::InnerIndex => j.to_string(),
+        InstKind::Const(bits) if inst.dtype == DType::I64 => {
+            format!("((int64_t){}ll)", bits as i64)
+        }
+        InstKind::Index(op, a, b) => format!(
+            "({})",
+            index_op(
+                op,
+                &index_expr(kernel, a, o, j)?,
+                &index_expr(kernel, b, o, j)?
+            )
+        ),
+        _ => return None,
+    })
+}
+
+/// Prefetches of the next outer iteration's rows, issued from a later pass of the current one.
+///
+/// A row kernel reads its rows from memory in its first pass and then computes from cache (the
+/// exponentials of softmax, the second moment of layernorm) while memory sits idle; the hardware
+/// prefetcher does not look past the row. Prefetching the next row during the second pass
+/// overlaps the two: softmax over 4096-wide rows ran at 0.26 against 0.38 ns per element on one
+/// thread (0.24 with the rows in cache).
+pub(super) struct NextRow {
+    /// `(argument, offset instruction)` of each contiguous load of the first pass.
+    loads: Vec<(u32, InstId)>,
+    /// `__builtin_prefetch` locality: 3 (L1) where the rows fit beside the current ones.
+    locality: u32,
+}
+
+impl NextRow {
+    /// The next-row prefetches for a kernel whose first pass computes `first`, if that pass
+    /// loads rows contiguously and they fit in L2 (beyond, there is nothing to keep them in).
+    pub(super) fn new(kernel: &Kernel, first: &[bool]) -> Option<NextRow> {
+        let levels = kernel.levels();
+        let coef = inner_coefficients(kernel, &levels);
+        let mut loads = Vec::new();
+        let mut bytes = 0;
+        for (k, inst) in kernel.insts.iter().enumerate() {
+            if let InstKind::Load { arg, offset } = inst.kind {
+                if first[k]
+                    && coef[offset.index()] == Some(1)
+                    && index_expr(kernel, offset, "o", "j").is_some()
+                {
+                    loads.push((arg, offset));
+                    bytes += kernel.inner_len() * inst.dtype.size_bytes();
+                }
+            }
+        }
+        const L1_SHARE: usize = 32 << 10;
+        const L2_SHARE: usize = 512 << 10;
+        let locality = match bytes {
+            0 => return None,
+            b if b <= L1_SHARE => 3,
+            b if b <= L2_SHARE => 2,
+            _ => return None,
+        };
+        Some(NextRow { loads, locality })
+    }
+
+    /// One prefetch per load for the 16 elements of block copy `u` of the next row.
+    pub(super) fn prefetches(&self, kernel: &Kernel, u: usize, indent: &str) -> String {
+        let at = if u == 0 {
+            "j".to_string()
+        } else {
+            format!("(j + {})", LANES * u)
+        };
+        let mut s = String::new();
+        for &(arg, offset) in &self.loads {
+            let e = index_expr(kernel, offset, "(o + 1)", &at).expect("checked in NextRow::new");
+            writeln!(
+                s,
+                "{indent}__builtin_prefetch(a{arg} + {e}, 0, {});",
+                self.locality
+            )
+            .unwrap();
+        }
+        s
+    }
+}
+
 /// `name` computed lane by lane from a scalar expression, for ops without a 16-lane function
 /// (GCC vectorizes the loop where the scalar form vectorizes).
 fn lanewise(name: &str, scalar: Result<String, super::Unsupported>, indent: &str) -> String {

@@ -1,0 +1,109 @@
+//! Cache-line alignment for large buffers.
+//!
+//! Tensors live in `Vec`s, which the system allocator places 16 bytes past a page boundary once
+//! they are large (glibc serves them from `mmap` behind a 16-byte header). Every 64-byte vector
+//! access to such a buffer then spans two cache lines. Row kernels that prefetch their next row
+//! lose most of the gain: softmax over 4096 x 4096 f32 took 6.6 ms on one thread with its input
+//! and output 16 bytes off a line, against 4.5 ms aligned (3.9 against 2.5-3.2 ms on two).
+//!
+//! [`CacheAligned`] is a global allocator that aligns every allocation of 64 KiB or more to a
+//! cache line and leaves the others to the system allocator as they are. A program opts in with
+//! `#[global_allocator] static ALLOC: kfuse::CacheAligned = kfuse::CacheAligned;`; the `kfuse`
+//! command-line tool does. Kernels are correct at any alignment; this is only about speed.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+
+/// Allocations from this size up are aligned to [`LINE`].
+pub const LARGE: usize = 64 << 10;
+
+/// The cache line size aligned to.
+pub const LINE: usize = 64;
+
+/// The system allocator, with allocations of [`LARGE`] bytes or more aligned to [`LINE`].
+pub struct CacheAligned;
+
+/// The layout actually requested from the system for `layout`: a pure function of it, so that
+/// deallocation passes the system the layout it allocated with.
+fn widened(layout: Layout) -> Layout {
+    if layout.size() >= LARGE && layout.align() < LINE {
+        // Cannot fail: LINE is a power of two and the size already fit a valid layout.
+        Layout::from_size_align(layout.size(), LINE).unwrap_or(layout)
+    } else {
+        layout
+    }
+}
+
+// SAFETY: every block is allocated and freed through `System` with `widened(layout)`, which
+// depends only on the layout the caller passes, which Rust guarantees to be the same at
+// allocation and deallocation; the widened layout has at least the requested size and alignment.
+unsafe impl GlobalAlloc for CacheAligned {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded with a layout of the same nonzero size.
+        unsafe { System.alloc(widened(layout)) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as `alloc`.
+        unsafe { System.alloc_zeroed(widened(layout)) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` was allocated by `alloc` with `widened(layout)`.
+        unsafe { System.dealloc(ptr, widened(layout)) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let Ok(new_layout) = Layout::from_size_align(new_size, layout.align()) else {
+            return std::ptr::null_mut();
+        };
+        let (old, new) = (widened(layout), widened(new_layout));
+        if old.align() == new.align() {
+            // SAFETY: `ptr` was allocated with `old`; the system keeps its alignment.
+            return unsafe { System.realloc(ptr, old, new_size) };
+        }
+        // Crossing LARGE changes the alignment the block must have: move it.
+        // SAFETY: `new` has a nonzero size; both blocks are valid for the bytes copied, and
+        // `ptr` was allocated with `old`.
+        unsafe {
+            let moved = System.alloc(new);
+            if !moved.is_null() {
+                std::ptr::copy_nonoverlapping(ptr, moved, layout.size().min(new_size));
+                System.dealloc(ptr, old);
+            }
+            moved
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Large blocks are line-aligned, also after growing across the threshold, and contents
+    /// survive growing and shrinking across it.
+    #[test]
+    fn large_blocks_are_line_aligned_through_growth_and_shrinking() {
+        let a = CacheAligned;
+        for size in [LARGE - 1, LARGE, LARGE + 12, 64 << 20] {
+            let layout = Layout::from_size_align(size, 4).unwrap();
+            // SAFETY: nonzero size; every block is freed or reallocated with its layout.
+            unsafe {
+                let p = a.alloc(layout);
+                assert!(!p.is_null());
+                if size >= LARGE {
+                    assert_eq!(p as usize % LINE, 0, "{size} bytes");
+                }
+                p.write_bytes(0x5a, size);
+                let grown = a.realloc(p, layout, size * 2);
+                assert!(!grown.is_null());
+                assert_eq!(grown as usize % LINE, 0, "{size} bytes grown");
+                assert!((0..size).all(|i| *grown.add(i) == 0x5a));
+                let big = Layout::from_size_align(size * 2, 4).unwrap();
+                let shrunk = a.realloc(grown, big, 100);
+                assert!(!shrunk.is_null());
+                assert!((0..100).all(|i| *shrunk.add(i) == 0x5a));
+                a.dealloc(shrunk, Layout::from_size_align(100, 4).unwrap());
+            }
+        }
+    }
+}
