@@ -495,9 +495,7 @@ fn inner_loop(
             "{indent}    for (; j + {width} <= {hi}; j += {width}) {{"
         )
         .unwrap();
-        for u in 0..blocks {
-            s.push_str(&vp.body(u, &inner));
-        }
+        s.push_str(&vp.bodies(blocks, &inner));
         writeln!(s, "{indent}    }}").unwrap();
     }
     write!(
@@ -705,9 +703,9 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
                 for &(blocks, accs) in loops {
                     let width = LANES * blocks;
                     writeln!(s, "                for (; jb + {width} <= {n_inner}; jb += {width}) {{\n{inner}int64_t j = jb;").unwrap();
-                    for u in 0..blocks {
-                        s.push_str(&vp.body(u, inner));
-                        if let (1, Some(next)) = (this_pass, &next_row) {
+                    s.push_str(&vp.bodies(blocks, inner));
+                    if let (1, Some(next)) = (this_pass, &next_row) {
+                        for u in 0..blocks {
                             s.push_str(&next.prefetches(kernel, u, inner));
                         }
                     }
