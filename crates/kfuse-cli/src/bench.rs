@@ -5,7 +5,10 @@
 //! kfuse's kernels. W1-W4 run fused (compiled, fast numerics, cost policy) and unfused (the
 //! reference interpreter, one materialized result per op), check the fused result against the
 //! unfused one, and report medians, effective bandwidth (the workload's fused bytes over the
-//! median time) and its fraction of the W0 triad bandwidth with streaming stores.
+//! median time) and its fraction of the W0 triad bandwidth with streaming stores. That fraction
+//! is paired: each timed fused run is followed by a triad run, and the median of the runs'
+//! fractions is reported (with the median of those triads), because this machine's bandwidth
+//! drifts by up to 2x within minutes.
 
 use std::time::Instant;
 
@@ -93,45 +96,87 @@ const STREAM: [StreamKernel; 4] = [
     },
 ];
 
+/// The STREAM kernel over `n` elements, three arguments: `a` written, `b` and `c` read.
+fn stream_kernel(n: usize) -> Kernel {
+    let ty = TensorType::new(DType::F32, [n]);
+    let arg = |access| Arg {
+        ty: ty.clone(),
+        access,
+    };
+    Kernel {
+        name: "stream".into(),
+        outer: vec![],
+        inner: vec![n],
+        args: vec![arg(Access::Write), arg(Access::Read), arg(Access::Read)],
+        insts: vec![],
+    }
+}
+
+fn stream_source(k: &StreamKernel, streaming: bool) -> String {
+    format!(
+        "#define KIND_EXPR ({})\n#define VEC_EXPR ({})\n#define STREAMING {}\n{STREAM_SOURCE}",
+        k.scalar, k.vector, streaming as u8
+    )
+}
+
+/// The W0 triad (streaming stores where AVX-512 has them, on the global pool), kept ready so
+/// that a workload's timed runs can alternate with it: this machine's bandwidth drifts between
+/// about 50 and 100 GB/s within minutes (other tenants), so a fraction of a triad measured once
+/// at the start says more about the drift than about the workload.
+struct Triad {
+    kernel: Kernel,
+    compiled: kfuse::cpu::CompiledKernel,
+    buffers: [Storage; 3],
+    bytes: usize,
+}
+
+impl Triad {
+    fn new(compiler: &Compiler, n: usize) -> Result<Triad> {
+        let k = &STREAM[3];
+        let streaming = std::arch::is_x86_feature_detected!("avx512f");
+        let (compiled, _) = compiler
+            .compile(&stream_source(k, streaming), Numerics::Fast)
+            .map_err(anyhow::Error::msg)?;
+        Ok(Triad {
+            kernel: stream_kernel(n),
+            compiled,
+            buffers: [
+                Storage::F32(vec![0.0; n]),
+                Storage::F32(vec![1.0; n]),
+                Storage::F32(vec![2.0; n]),
+            ],
+            bytes: k.bytes * n,
+        })
+    }
+
+    /// One triad run's bandwidth in GB/s.
+    fn gb_per_s(&self) -> f64 {
+        let start = Instant::now();
+        launch_on(
+            Pool::global(),
+            &self.kernel,
+            &self.compiled,
+            self.buffers.iter().map(storage_ptr).collect(),
+        );
+        self.bytes as f64 / start.elapsed().as_secs_f64() / 1e9
+    }
+}
+
 /// W0: STREAM bandwidth in GB/s for each kernel, store kind and thread count.
 fn stream(compiler: &Compiler, n: usize, runs: usize) -> Result<Vec<serde_json::Value>> {
     let avx512 = std::arch::is_x86_feature_detected!("avx512f");
     let a = Storage::F32(vec![0.0; n]);
     let b = Storage::F32(vec![1.0; n]);
     let c = Storage::F32(vec![2.0; n]);
-    let ty = TensorType::new(DType::F32, [n]);
-    let kernel = Kernel {
-        name: "stream".into(),
-        outer: vec![],
-        inner: vec![n],
-        args: vec![
-            Arg {
-                ty: ty.clone(),
-                access: Access::Write,
-            },
-            Arg {
-                ty: ty.clone(),
-                access: Access::Read,
-            },
-            Arg {
-                ty,
-                access: Access::Read,
-            },
-        ],
-        insts: vec![],
-    };
+    let kernel = stream_kernel(n);
     let mut rows = Vec::new();
     for k in &STREAM {
         for streaming in [false, true] {
             if streaming && !avx512 {
                 continue;
             }
-            let source = format!(
-                "#define KIND_EXPR ({})\n#define VEC_EXPR ({})\n#define STREAMING {}\n{STREAM_SOURCE}",
-                k.scalar, k.vector, streaming as u8
-            );
             let (compiled, _) = compiler
-                .compile(&source, Numerics::Fast)
+                .compile(&stream_source(k, streaming), Numerics::Fast)
                 .map_err(anyhow::Error::msg)?;
             for threads in [1usize, 2] {
                 let pool = Pool::new(threads);
@@ -273,6 +318,11 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
         .next();
     report["w0"] = json!(stream_rows);
     report["w0_triad_gb_per_s"] = json!(triad);
+    let paired = if triad.is_some() {
+        Some(Triad::new(&compiler, (32 << 20) / scale)?)
+    } else {
+        None
+    };
     let mut results = Vec::new();
     for w in workloads(scale) {
         if !only.is_empty() && !only.iter().any(|o| o == w.id) {
@@ -296,12 +346,24 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
             bail!("{}: second compile did not come from the cache", w.id);
         }
         let mut runner = cached.runner();
-        let fused = time(runs, || {
-            runner
-                .run(&inputs, &CustomOps::new())
-                .map(|_| ())
-                .map_err(Into::into)
-        })?;
+        // Fused runs alternate with triad runs; the fraction of W0 is the median of the rounds'
+        // fractions.
+        runner.run(&inputs, &CustomOps::new())?;
+        let (mut times, mut fractions, mut triads) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..runs {
+            let start = Instant::now();
+            runner.run(&inputs, &CustomOps::new())?;
+            let t = start.elapsed().as_secs_f64();
+            times.push(t);
+            if let Some(triad) = &paired {
+                let bw = triad.gb_per_s();
+                triads.push(bw);
+                fractions.push(w.fused_bytes / t / 1e9 / bw);
+            }
+        }
+        let fused = median(times);
+        let fraction = (!fractions.is_empty()).then(|| median(fractions));
+        let paired_triad = (!triads.is_empty()).then(|| median(triads));
         let fused_out = runner.outputs(&inputs);
         let unfused_runs = if quick { 1 } else { 3 };
         let mut reference = Vec::new();
@@ -330,7 +392,8 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
             "unfused_ms": unfused * 1e3,
             "speedup": unfused / fused,
             "gb_per_s": gbs,
-            "fraction_of_w0": triad.map(|t| gbs / t),
+            "fraction_of_w0": fraction,
+            "paired_triad_gb_per_s": paired_triad,
             "compile_cold_ms": cold.compile_seconds * 1e3,
             "compile_cached_ms": cached.compile_seconds * 1e3,
             "max_relative_error": error,
@@ -351,7 +414,7 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
                     "cached ms"
                 );
             }
-            let pct = triad.map_or("-".to_string(), |t| format!("{:.0}%", 100.0 * gbs / t));
+            let pct = fraction.map_or("-".to_string(), |f| format!("{:.0}%", 100.0 * f));
             println!(
                 "{:4} {:36} {:>7} {:>10.2} {:>10.1} {:>7.1}x {:>7.1} {:>8} {:>10.1} {:>10.2}",
                 w.id,
