@@ -198,17 +198,21 @@ fn binary(b: BinaryOp, x: &str, y: &str, d: DType) -> Result<String, Unsupported
     })
 }
 
-fn compare(c: CompareOp, x: &str, y: &str, d: DType) -> String {
-    let (x, y) = (wide(x, d), wide(y, d));
-    let op = match c {
+/// The C operator of a comparison.
+fn compare_op(c: CompareOp) -> &'static str {
+    match c {
         CompareOp::Eq => "==",
         CompareOp::Ne => "!=",
         CompareOp::Lt => "<",
         CompareOp::Le => "<=",
         CompareOp::Gt => ">",
         CompareOp::Ge => ">=",
-    };
-    format!("(uint8_t)({x} {op} {y})")
+    }
+}
+
+fn compare(c: CompareOp, x: &str, y: &str, d: DType) -> String {
+    let (x, y) = (wide(x, d), wide(y, d));
+    format!("(uint8_t)({x} {} {y})", compare_op(c))
 }
 
 /// Conversion with the reference interpreter's semantics.

@@ -29,10 +29,20 @@ KF_INLINE float kf_scale(float y, int32_t k) {
     return y * kf_pow2i(k1) * kf_pow2i(k - k1);
 }
 
-KF_INLINE float kf_exp_poly(float r) {
-    return ((((1.9875691e-4f * r + 1.3981999e-3f) * r + 8.333452e-3f) * r + 4.1665796e-2f) * r
-            + 1.6666665e-1f) * r + 5.0000001e-1f;
-}
+/* Polynomials shared by the scalar and 16-lane forms (the same expression on float and on
+ * kf_f32x16, so the two cannot drift apart). */
+#define KF_EXP_POLY(r) \
+    (((((1.9875691e-4f * (r) + 1.3981999e-3f) * (r) + 8.333452e-3f) * (r) + 4.1665796e-2f) * (r) \
+      + 1.6666665e-1f) * (r) + 5.0000001e-1f)
+/* Horner from the highest-order coefficient down. */
+#define KF_LOG_POLY(f)                                                                        \
+    ((((((((7.0376836e-2f * (f) + -1.151461e-1f) * (f) + 1.1676999e-1f) * (f) + -1.2420141e-1f) \
+          * (f) + 1.4249323e-1f) * (f) + -1.6668058e-1f) * (f) + 2.0000714e-1f) * (f)          \
+       + -2.4999994e-1f) * (f) + 3.3333331e-1f)
+#define KF_TANH_POLY(z) \
+    ((((-5.7049887e-3f * (z) + 2.0639089e-2f) * (z) - 5.3739716e-2f) * (z) + 1.3331442e-1f) * (z) - 3.3333282e-1f)
+
+KF_INLINE float kf_exp_poly(float r) { return KF_EXP_POLY(r); }
 
 KF_INLINE float kf_exp_reduced(float r) { return r * r * kf_exp_poly(r) + r + 1.0f; }
 
@@ -86,19 +96,7 @@ KF_INLINE float kf_expm1(float x) {
 
 #define KF_SQRT_HALF 0.707106781186547524400844362104849039f
 
-KF_INLINE float kf_log_tail(float f) {
-    float z = f * f;
-    float p = 7.0376836e-2f;
-    p = p * f + -1.151461e-1f;
-    p = p * f + 1.1676999e-1f;
-    p = p * f + -1.2420141e-1f;
-    p = p * f + 1.4249323e-1f;
-    p = p * f + -1.6668058e-1f;
-    p = p * f + 2.0000714e-1f;
-    p = p * f + -2.4999994e-1f;
-    p = p * f + 3.3333331e-1f;
-    return f * z * p;
-}
+KF_INLINE float kf_log_tail(float f) { return f * (f * f) * KF_LOG_POLY(f); }
 
 /* x = (1 + f) 2^e with sqrt(1/2) <= 1 + f < sqrt(2), for positive finite x. */
 KF_INLINE void kf_split_log(float x, float *e_out, float *f_out) {
@@ -225,8 +223,7 @@ KF_INLINE float kf_cos(float x) {
 KF_INLINE float kf_tanh(float x) {
     float ax = fabsf(x);
     float z = x * x;
-    float p = (((-5.7049887e-3f * z + 2.0639089e-2f) * z - 5.3739716e-2f) * z + 1.3331442e-1f) * z - 3.3333282e-1f;
-    float small = x + x * z * p;
+    float small = x + x * z * KF_TANH_POLY(z);
     float t = ax > 9.0f ? 1.0f : 1.0f - 2.0f / (kf_exp(2.0f * ax) + 1.0f);
     float v = copysignf(t, x);
     v = ax < 0.625f ? small : v;
@@ -518,24 +515,8 @@ KF_INLINE kf_f32x16 kf_vabs(kf_f32x16 x) { return (kf_f32x16)((kf_i32x16)x & 0x7
 KF_INLINE kf_f32x16 kf_vcopysign(kf_f32x16 m, kf_f32x16 s) {
     return (kf_f32x16)(((kf_i32x16)m & 0x7fffffff) | ((kf_i32x16)s & (int32_t)0x80000000));
 }
-KF_INLINE kf_f32x16 kf_vexp_poly(kf_f32x16 r) {
-    return ((((1.9875691e-4f * r + 1.3981999e-3f) * r + 8.333452e-3f) * r + 4.1665796e-2f) * r
-            + 1.6666665e-1f) * r + 5.0000001e-1f;
-}
-KF_INLINE kf_f32x16 kf_vexp_reduced(kf_f32x16 r) { return r * r * kf_vexp_poly(r) + r + 1.0f; }
-KF_INLINE kf_f32x16 kf_vlog_tail(kf_f32x16 f) {
-    kf_f32x16 z = f * f;
-    kf_f32x16 p = kf_vsplat(7.0376836e-2f);
-    p = p * f + -1.151461e-1f;
-    p = p * f + 1.1676999e-1f;
-    p = p * f + -1.2420141e-1f;
-    p = p * f + 1.4249323e-1f;
-    p = p * f + -1.6668058e-1f;
-    p = p * f + 2.0000714e-1f;
-    p = p * f + -2.4999994e-1f;
-    p = p * f + 3.3333331e-1f;
-    return f * z * p;
-}
+KF_INLINE kf_f32x16 kf_vexp_reduced(kf_f32x16 r) { return r * r * KF_EXP_POLY(r) + r + 1.0f; }
+KF_INLINE kf_f32x16 kf_vlog_tail(kf_f32x16 f) { return f * (f * f) * KF_LOG_POLY(f); }
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #define KF_VECTOR_ISA "avx512"
@@ -641,8 +622,7 @@ KF_INLINE kf_f32x16 kf_vlog1p(kf_f32x16 x) {
 KF_INLINE kf_f32x16 kf_vtanh(kf_f32x16 x) {
     kf_f32x16 ax = kf_vabs(x);
     kf_f32x16 z = x * x;
-    kf_f32x16 p = (((-5.7049887e-3f * z + 2.0639089e-2f) * z - 5.3739716e-2f) * z + 1.3331442e-1f) * z - 3.3333282e-1f;
-    kf_f32x16 small = x + x * z * p;
+    kf_f32x16 small = x + x * z * KF_TANH_POLY(z);
     kf_f32x16 t = kf_vsel(ax > 9.0f, kf_vsplat(1.0f), 1.0f - 2.0f / (kf_vexp(2.0f * ax) + 1.0f));
     kf_f32x16 v = kf_vcopysign(t, x);
     v = kf_vsel(ax < 0.625f, small, v);

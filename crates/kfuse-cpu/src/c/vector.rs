@@ -21,10 +21,10 @@
 
 use std::fmt::Write;
 
-use kfuse_ir::{BinaryOp, CompareOp, DType, UnaryOp};
+use kfuse_ir::{BinaryOp, DType, UnaryOp};
 use kfuse_kernel::{IndexOp, InstId, InstKind, Kernel, Level};
 
-use super::{binary, index_op, unary, v, Staged};
+use super::{binary, compare_op, index_op, unary, v, Staged};
 
 /// Blocks of 16 per iteration of a vector loop.
 pub(super) const UNROLL: usize = 2;
@@ -408,17 +408,6 @@ impl NextRow {
 fn lanewise(name: &str, scalar: Result<String, super::Unsupported>, indent: &str) -> String {
     let e = scalar.expect("every f32 unary and binary op has a scalar form");
     format!("kf_f32x16 {name};\n{indent}for (int l = 0; l < 16; l++) {name}[l] = {e};")
-}
-
-fn compare_op(c: CompareOp) -> &'static str {
-    match c {
-        CompareOp::Eq => "==",
-        CompareOp::Ne => "!=",
-        CompareOp::Lt => "<",
-        CompareOp::Le => "<=",
-        CompareOp::Gt => ">",
-        CompareOp::Ge => ">=",
-    }
 }
 
 /// The 16-lane form of an `f32` unary op, where `kfuse_math.h` has one.
