@@ -896,3 +896,156 @@ fn fast_matmul_runs_on_gemm_within_its_bound() {
         );
     }
 }
+
+/// f32 values with edge cases mixed in: ±0, subnormals, tiny values, the thresholds of exp and
+/// tanh, and with `nonfinite` NaN, ±inf and huge values too; the others are ordinary values
+/// around 1. (Rows with a NaN or an infinity reduce to NaN whatever the order of their terms,
+/// so reductions are checked on finite rows.)
+fn edgy_f32(n: usize, seed: u64, nonfinite: bool) -> Vec<f32> {
+    let huge = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, -3e38];
+    let edges = [
+        0.0,
+        -0.0,
+        f32::from_bits(1),
+        -1e-40,
+        1e-30,
+        88.9,
+        -104.0,
+        9.5,
+        0.6,
+        -2.4e-4,
+        1.0,
+    ];
+    let mut rng = Rng::new(seed);
+    (0..n)
+        .map(|_| {
+            if nonfinite && rng.chance(0.05) {
+                huge[rng.below(huge.len())]
+            } else if rng.chance(0.15) {
+                edges[rng.below(edges.len())]
+            } else {
+                (rng.below(20_001) as f32 - 10_000.0) / 1_000.0
+            }
+        })
+        .collect()
+}
+
+/// Vector bodies (16-lane blocks, two per iteration, a scalar remainder) against the reference
+/// interpreter, bit for bit, at widths around every block boundary: elementwise chains with
+/// every op that has a 16-lane form, masks, selects and casts, an operand broadcast along the
+/// inner axis and one along the outer; row softmax and layer norm (reduction passes with
+/// vector bodies, next-row prefetches).
+#[test]
+fn vector_bodies_are_bit_exact_at_every_width() {
+    let elementwise = |rows: usize, n: usize| {
+        format!(
+            "%x = input() name=\"x\" : f32[{rows}, {n}]
+%y = input() name=\"y\" : f32[{rows}, {n}]
+%w = input() name=\"w\" : f32[{n}]
+%r = input() name=\"r\" : f32[{rows}, 1]
+%e = exp(%x)
+%l = log(%y)
+%t = tanh(%x)
+%s = sigmoid(%y)
+%sp = softplus(%x)
+%l2 = log2(%x)
+%e2 = exp2(%y)
+%lp = log1p(%y)
+%q = sqrt(%x)
+%a = abs(%y)
+%f = floor(%x)
+%c = ceil(%y)
+%rd = round(%x)
+%re = relu(%y)
+%ng = neg(%x)
+%rc = reciprocal(%y)
+%sn = sin(%x)
+%m1 = max(%x, %w)
+%m2 = min(%y, %r)
+%d = div(%x, %y)
+%p = pow(%x, %y)
+%lt = lt(%x, %y)
+%ge = ge(%w, %r)
+%both = and(%lt, %ge)
+%sel = select(%both, %e, %l)
+%cf = cast(%lt) to=f32
+%cb = cast(%x) to=bool
+%nb = not(%cb)
+%sel2 = select(%nb, %t, %cf)
+%u1 = add(%e, %l)
+%u2 = mul(%u1, %t)
+%u3 = sub(%u2, %s)
+%u4 = add(%u3, %sp)
+%u5 = mul(%l2, %e2)
+%u6 = add(%lp, %q)
+%u7 = sub(%a, %f)
+%u8 = add(%c, %rd)
+%u9 = mul(%re, %ng)
+%v1 = add(%rc, %sn)
+%v2 = add(%m1, %m2)
+%v3 = mul(%d, %p)
+%v4 = add(%sel, %sel2)
+output \"u4\" = %u4
+output \"u5\" = %u5
+output \"u6\" = %u6
+output \"u7\" = %u7
+output \"u8\" = %u8
+output \"u9\" = %u9
+output \"v1\" = %v1
+output \"v2\" = %v2
+output \"v3\" = %v3
+output \"v4\" = %v4
+"
+        )
+    };
+    let rows_program = |rows: usize, n: usize| {
+        format!(
+            "%x = input() name=\"x\" : f32[{rows}, {n}]
+%y = input() name=\"y\" : f32[{rows}, {n}]
+%w = input() name=\"w\" : f32[{n}]
+%r = input() name=\"r\" : f32[{rows}, 1]
+%m = reduce_max(%x) axes=[1] keepdims=true
+%d = sub(%x, %m)
+%e = exp(%d)
+%s = reduce_sum(%e) axes=[1] keepdims=true
+%sm = div(%e, %s)
+%mu = reduce_mean(%y) axes=[1] keepdims=true
+%dy = sub(%y, %mu)
+%d2 = mul(%dy, %dy)
+%var = reduce_mean(%d2) axes=[1] keepdims=true
+%rs = rsqrt(%var)
+%ln = mul(%dy, %rs)
+%lnw = mul(%ln, %w)
+%mn = reduce_min(%y) axes=[1] keepdims=true
+%sh = sub(%y, %mn)
+%z = add(%sh, %r)
+output \"softmax\" = %sm
+output \"layernorm\" = %lnw
+output \"shifted\" = %z
+"
+        )
+    };
+    let mut seed = 1;
+    for n in [1, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 100, 1000] {
+        for rows in [1, 3] {
+            for (what, text, nonfinite) in [
+                ("elementwise", elementwise(rows, n), true),
+                ("rows", rows_program(rows, n), false),
+            ] {
+                let graph = parse_graph(&text).unwrap();
+                let inputs: Vec<(String, Array)> = graph
+                    .inputs()
+                    .map(|(_, name, ty)| {
+                        seed += 1;
+                        let v = edgy_f32(ty.shape.n_elems(), seed, nonfinite);
+                        (
+                            name.to_string(),
+                            Array::from_vec(ty.shape.dims().to_vec(), v).unwrap(),
+                        )
+                    })
+                    .collect();
+                check_strict(&graph, &inputs, &format!("{what} {rows}x{n}"));
+            }
+        }
+    }
+}
