@@ -477,9 +477,11 @@ fn pass_body(
 
 /// A loop over the inner indices `[lo, hi)`: blocks of 16 through the vector body where the pass
 /// has one ([`UNROLL`] blocks per iteration while they last), the rest through the scalar body.
-/// Bodies are rendered at `indent` plus eight spaces.
+/// Bodies are rendered at `indent` plus eight spaces, each block followed by `prefetch`'s
+/// next-row prefetches where given.
 fn inner_loop(
     vector: Option<&VectorPass>,
+    prefetch: Option<(&Kernel, &NextRow)>,
     scalar_body: &str,
     lo: &str,
     hi: &str,
@@ -500,6 +502,11 @@ fn inner_loop(
         )
         .unwrap();
         s.push_str(&vp.bodies(blocks, &inner));
+        if let Some((kernel, next)) = prefetch {
+            for u in 0..blocks {
+                s.push_str(&next.prefetches(kernel, u, &inner));
+            }
+        }
         writeln!(s, "{indent}    }}").unwrap();
     }
     write!(
@@ -624,9 +631,9 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
     roots.push(inner_stores.clone());
     let passes = plan_passes(kernel, &levels, &roots);
     let final_pass = roots.len() - 1;
-    // Rows for the next outer iteration are prefetched during the second pass, where that is
-    // a reduction pass.
-    let next_row = if roots.len() > 2 {
+    // Rows for the next outer iteration are prefetched during the second pass: a reduction
+    // pass, or the final pass of a kernel with one reduction (rmsnorm, a row scaled by its norm).
+    let next_row = if roots.len() >= 2 {
         NextRow::new(kernel, &passes.compute[0])
     } else {
         None
@@ -790,12 +797,28 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         let body_indent = format!("{indent}{}", if vp.is_some() { "        " } else { "    " });
         let body = pass_body(kernel, &passes, final_pass, &staged, &body_indent)?;
         if !streams {
-            s.push_str(&inner_loop(vp.as_ref(), &body, "j_lo", "j_hi", indent));
+            let prefetch = next_row.as_ref().filter(|_| final_pass == 1);
+            s.push_str(&inner_loop(
+                vp.as_ref(),
+                prefetch.map(|n| (kernel, n)),
+                &body,
+                "j_lo",
+                "j_hi",
+                indent,
+            ));
         } else {
             // Blocks of STAGE elements: the pass fills L1-resident staging arrays, which are then
             // streamed to their outputs.
             writeln!(s, "        for (int64_t jb = j_lo; jb < j_hi; jb += {STAGE}) {{\n            int64_t je = jb + {STAGE} < j_hi ? jb + {STAGE} : j_hi;").unwrap();
-            s.push_str(&inner_loop(vp.as_ref(), &body, "jb", "je", indent));
+            let prefetch = next_row.as_ref().filter(|_| final_pass == 1);
+            s.push_str(&inner_loop(
+                vp.as_ref(),
+                prefetch.map(|n| (kernel, n)),
+                &body,
+                "jb",
+                "je",
+                indent,
+            ));
             for (k, st) in staged.iter().enumerate() {
                 let (Some(st), InstKind::Store { arg, .. }) = (st, kernel.insts[k].kind) else {
                     continue;
