@@ -624,10 +624,10 @@ KF_INLINE kf_f32x16 kf_vtanh(kf_f32x16 x) {
     kf_f32x16 z = x * x;
     kf_f32x16 small = x + x * z * KF_TANH_POLY(z);
     kf_f32x16 t = kf_vsel(ax > 9.0f, kf_vsplat(1.0f), 1.0f - 2.0f / (kf_vexp(2.0f * ax) + 1.0f));
-    kf_f32x16 v = kf_vcopysign(t, x);
-    v = kf_vsel(ax < 0.625f, small, v);
-    v = kf_vsel(ax < 2.44e-4f, x, v);
-    return kf_vsel(ax != ax, x, v);
+    /* Two selects of the scalar form fold away: below 2.44e-4, `small` rounds to x but for the
+     * sign of a zero, which the copysign puts back (small has x's sign everywhere else below
+     * 0.625); a NaN flows through every step to a NaN. */
+    return kf_vcopysign(kf_vsel(ax < 0.625f, small, t), x);
 }
 KF_INLINE kf_f32x16 kf_vsigmoid(kf_f32x16 x) {
     kf_i32x16 pos = x >= 0.0f;
