@@ -9,6 +9,37 @@ use kfuse::kernel::{lower, Access, Program, Step};
 use kfuse::{FixedCostModel, FusePolicy, Graph};
 use serde_json::json;
 
+/// Per pass of a fused kernel over its inner space: whether the generated C runs it as 16-lane
+/// vector bodies, or why it keeps the scalar loop. Empty for library and structured steps.
+fn vector_passes(step: &Step) -> Vec<Result<(), String>> {
+    match step {
+        Step::Kernel { kernel, .. } => kfuse::cpu::c::vector_passes(kernel),
+        _ => vec![],
+    }
+}
+
+/// The `code:` line of a fused kernel in the text report.
+fn code_line(passes: &[Result<(), String>]) -> Option<String> {
+    if passes.is_empty() {
+        return None;
+    }
+    let vector = passes.iter().filter(|p| p.is_ok()).count();
+    let mut line = if vector == passes.len() {
+        format!("16-lane vector bodies in every pass ({vector})")
+    } else {
+        format!(
+            "16-lane vector bodies in {vector} of {} passes",
+            passes.len()
+        )
+    };
+    for (i, p) in passes.iter().enumerate() {
+        if let Err(why) = p {
+            write!(line, "; pass {} scalar: {why}", i + 1).unwrap();
+        }
+    }
+    Some(line)
+}
+
 /// Bytes a step reads and writes, each argument counted once (its DRAM traffic if nothing stays
 /// in cache between steps).
 fn step_bytes(program: &Program, step: &Step) -> (usize, usize) {
@@ -145,9 +176,17 @@ pub fn explain(
                     KernelKind::Library => ("library", vec![], vec![]),
                     KernelKind::Structured(_) => ("structured", vec![], vec![]),
                 };
+                let vector: Vec<_> = vector_passes(step)
+                    .into_iter()
+                    .map(|p| match p {
+                        Ok(()) => json!({"vector": true}),
+                        Err(why) => json!({"vector": false, "why": why}),
+                    })
+                    .collect();
                 json!({
                     "name": format!("k{k}"),
                     "kind": kind,
+                    "passes": vector,
                     "domain": domain,
                     "reduce": reduce,
                     "ops": kernel_ops(graph, &p, k),
@@ -195,9 +234,12 @@ pub fn explain(
             KernelKind::Library => "library kernel".to_string(),
             KernelKind::Structured(group) => structured_head(graph, group),
         };
+        let code = code_line(&vector_passes(step))
+            .map(|c| format!("\n  code: {c}"))
+            .unwrap_or_default();
         writeln!(
             s,
-            "\nk{k}: {head}\n  ops: {}\n  reads {} ({}), writes {} ({})",
+            "\nk{k}: {head}\n  ops: {}\n  reads {} ({}), writes {} ({}){code}",
             kernel_ops(graph, &p, k).join(", "),
             p.kernels[k]
                 .inputs

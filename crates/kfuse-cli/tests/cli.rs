@@ -353,6 +353,29 @@ fn explain_shows_kernels_bytes_and_boundaries() {
         "{text}"
     );
     assert!(text.contains("%12 (add): graph output"), "{text}");
+    // How the generated C runs each pass over a row: here all three as 16-lane vector bodies.
+    assert!(
+        text.contains("code: 16-lane vector bodies in every pass (3)"),
+        "{text}"
+    );
+
+    // A reflect pad gathers: its pass keeps the scalar loop, and explain says which
+    // instruction and why.
+    let dir = scratch("explain-code");
+    let program = dir.join("pad.kf");
+    std::fs::write(
+        &program,
+        "%x = input() name=\"x\" : f32[64, 64]\n%p = pad(%x) low=[0, 1] high=[0, 1] mode=reflect\n%y = tanh(%p)\noutput \"y\" = %y\n",
+    )
+    .unwrap();
+    let o = kfuse(&["explain", program.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("code: 16-lane vector bodies in 0 of 1 passes; pass 1 scalar: kernel IR %"),
+        "{text}"
+    );
+    assert!(text.contains("compares indices"), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
 
     let o = kfuse(&["explain", &example("two_outputs.kf"), "--json"]);
     let doc: serde_json::Value =
@@ -366,6 +389,7 @@ fn explain_shows_kernels_bytes_and_boundaries() {
     assert_eq!(kernels[0]["bytes_read"], (2 * 64) << 20);
     assert_eq!(kernels[0]["bytes_written"], (2 * 64) << 20);
     assert_eq!(doc["unfused_kernels"], 3);
+    assert_eq!(kernels[0]["passes"], serde_json::json!([{"vector": true}]));
 
     let greedy = kfuse(&[
         "explain",

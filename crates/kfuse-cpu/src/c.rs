@@ -581,6 +581,75 @@ fn identity(op: ReduceOp, d: DType) -> String {
     literal(bits, d)
 }
 
+/// The roots of each pass over the inner space (each reduction's value, in order, then the
+/// inner-level stores of the final pass), and those stores.
+fn pass_roots(kernel: &Kernel, levels: &[Level]) -> (Vec<Vec<InstId>>, Vec<InstId>) {
+    let inner_stores: Vec<InstId> = (0..kernel.insts.len())
+        .filter(|&i| {
+            matches!(kernel.insts[i].kind, InstKind::Store { .. }) && levels[i] == Level::Inner
+        })
+        .map(|i| InstId(i as u32))
+        .collect();
+    let mut roots: Vec<Vec<InstId>> = kernel
+        .insts
+        .iter()
+        .filter_map(|inst| match inst.kind {
+            InstKind::Reduce { value, .. } => Some(vec![value]),
+            _ => None,
+        })
+        .collect();
+    roots.push(inner_stores.clone());
+    (roots, inner_stores)
+}
+
+/// Whether each pass of `kernel` over its inner space (its reductions in order, then the final
+/// pass, where it stores at the inner level) runs as 16-lane vector bodies, or why it keeps the
+/// scalar loop: for `kfuse explain`.
+pub fn vector_passes(kernel: &Kernel) -> Vec<Result<(), String>> {
+    let levels = kernel.levels();
+    let (roots, inner_stores) = pass_roots(kernel, &levels);
+    let passes = plan_passes(kernel, &levels, &roots);
+    let staged = vec![None; kernel.insts.len()];
+    let reductions = kernel
+        .insts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, inst)| match inst.kind {
+            InstKind::Reduce { op, value } => Some((i, op, inst.dtype, kernel.inst(value).dtype)),
+            _ => None,
+        });
+    let mut report: Vec<Result<(), String>> = reductions
+        .enumerate()
+        .map(|(p, (i, op, d, vd))| {
+            if d != DType::F32 || vd != DType::F32 || vector_combine(op, d).is_none() {
+                return Err(format!("kernel IR %{i} is {} of {vd}", op.name()));
+            }
+            VectorPass::new(
+                kernel,
+                &passes.compute[p],
+                &passes.reload[p],
+                &passes.save[p],
+                &staged,
+            )
+            .map(|_| ())
+        })
+        .collect();
+    if !inner_stores.is_empty() {
+        let p = roots.len() - 1;
+        report.push(
+            VectorPass::new(
+                kernel,
+                &passes.compute[p],
+                &passes.reload[p],
+                &passes.save[p],
+                &staged,
+            )
+            .map(|_| ()),
+        );
+    }
+    report
+}
+
 /// Renders `kernel` as a C translation unit defining `kfuse_kernel`.
 pub fn render(kernel: &Kernel) -> Result<String, Unsupported> {
     // The source names no loop bounds of the parallel loops (the outer range, and the inner range
@@ -614,21 +683,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
             Access::Write => writeln!(s, "    {t} *restrict a{i} = ({t} *)args[{i}];").unwrap(),
         }
     }
-    let inner_stores: Vec<InstId> = (0..kernel.insts.len())
-        .filter(|&i| {
-            matches!(kernel.insts[i].kind, InstKind::Store { .. }) && levels[i] == Level::Inner
-        })
-        .map(|i| InstId(i as u32))
-        .collect();
-    let mut roots: Vec<Vec<InstId>> = kernel
-        .insts
-        .iter()
-        .filter_map(|inst| match inst.kind {
-            InstKind::Reduce { value, .. } => Some(vec![value]),
-            _ => None,
-        })
-        .collect();
-    roots.push(inner_stores.clone());
+    let (roots, inner_stores) = pass_roots(kernel, &levels);
     let passes = plan_passes(kernel, &levels, &roots);
     let final_pass = roots.len() - 1;
     // Rows for the next outer iteration are prefetched during the second pass: a reduction
@@ -677,6 +732,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
                         &passes.save[pass],
                         &staged,
                     )
+                    .ok()
                 })
                 .flatten();
             let this_pass = pass;
@@ -791,7 +847,8 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
             &passes.reload[final_pass],
             &passes.save[final_pass],
             &staged,
-        );
+        )
+        .ok();
         let indent = if streams { "            " } else { "        " };
         // The scalar body sits one level deeper inside the vector form's block.
         let body_indent = format!("{indent}{}", if vp.is_some() { "        " } else { "    " });

@@ -72,14 +72,14 @@ fn is_index(kind: InstKind) -> bool {
 
 impl<'a> VectorPass<'a> {
     /// The vector form of the pass computing `compute`, reloading `reload` from row scratch
-    /// arrays and saving `save` there; `None` where some instruction has none.
+    /// arrays and saving `save` there; where some instruction has none, which one and why.
     pub(super) fn new(
         kernel: &'a Kernel,
         compute: &'a [bool],
         reload: &'a [bool],
         save: &'a [bool],
         staged: &'a [Option<Staged>],
-    ) -> Option<Self> {
+    ) -> Result<Self, String> {
         let levels = kernel.levels();
         let coef = inner_coefficients(kernel, &levels);
         let dt = |id: InstId| kernel.inst(id).dtype;
@@ -89,51 +89,71 @@ impl<'a> VectorPass<'a> {
             ids.iter()
                 .all(|&o| !(inner(o) && is_index(kernel.inst(o).kind)))
         };
+        let contiguous = |offset: InstId| coef[offset.index()] == Some(1);
         for k in 0..kernel.insts.len() {
+            let inst = kernel.insts[k];
+            let d = inst.dtype;
             if reload[k] {
-                if kernel.insts[k].dtype != DType::F32 {
-                    return None;
+                if d != DType::F32 {
+                    return Err(format!(
+                        "kernel IR %{k} reloads {d} from a row scratch array"
+                    ));
                 }
                 continue;
             }
             if !compute[k] {
                 continue;
             }
-            let inst = kernel.insts[k];
-            let d = inst.dtype;
-            let ok = match inst.kind {
-                InstKind::InnerIndex | InstKind::Index(..) => coef[k].is_some(),
-                InstKind::Load { offset, .. } => d == DType::F32 && coef[offset.index()] == Some(1),
-                InstKind::Store { offset, value, .. } => {
-                    d == DType::F32 && coef[offset.index()] == Some(1) && no_index(&[value])
+            let why = match inst.kind {
+                InstKind::InnerIndex | InstKind::Index(..) if coef[k].is_none() => {
+                    Some("is index arithmetic other than the inner index plus outer terms".into())
                 }
-                InstKind::Unary(u, a) => {
-                    no_index(&[a]) && (d == DType::F32 || (d == DType::Bool && u == UnaryOp::Not))
+                InstKind::InnerIndex | InstKind::Index(..) => None,
+                InstKind::Load { offset, .. } | InstKind::Store { offset, .. }
+                    if !contiguous(offset) =>
+                {
+                    Some("addresses elements that are not consecutive in the inner index".into())
                 }
-                InstKind::Binary(b, x, y) => {
-                    no_index(&[x, y])
-                        && (d == DType::F32
-                            || (d == DType::Bool
-                                && matches!(b, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor)))
+                InstKind::Load { .. } | InstKind::Store { .. } if d != DType::F32 => {
+                    Some(format!("moves {d}"))
                 }
-                InstKind::Compare(_, x, y) => no_index(&[x, y]) && dt(x) == DType::F32,
+                InstKind::Load { .. } => None,
+                InstKind::Store { value, .. } => {
+                    (!no_index(&[value])).then(|| "stores an index".to_string())
+                }
+                InstKind::Unary(u, a) => (!(no_index(&[a])
+                    && (d == DType::F32 || (d == DType::Bool && u == UnaryOp::Not))))
+                    .then(|| format!("computes {} on {d}", u.name())),
+                InstKind::Binary(b, x, y) => (!(no_index(&[x, y])
+                    && (d == DType::F32
+                        || (d == DType::Bool
+                            && matches!(b, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor)))))
+                .then(|| format!("computes {} on {d}", b.name())),
+                InstKind::Compare(_, x, y) if !no_index(&[x, y]) => {
+                    Some("compares indices (padding, concatenation or another gather)".to_string())
+                }
+                InstKind::Compare(_, x, _) => {
+                    (dt(x) != DType::F32).then(|| format!("compares {}", dt(x)))
+                }
                 InstKind::Select(c, x, y) => {
-                    no_index(&[c, x, y]) && d == DType::F32 && dt(c) == DType::Bool
+                    (!(no_index(&[c, x, y]) && d == DType::F32 && dt(c) == DType::Bool))
+                        .then(|| format!("selects {d}"))
                 }
-                InstKind::Cast(a) => {
-                    no_index(&[a])
-                        && matches!(
-                            (dt(a), d),
-                            (DType::Bool, DType::F32) | (DType::F32, DType::Bool)
-                        )
+                InstKind::Cast(a) => (!(no_index(&[a])
+                    && matches!(
+                        (dt(a), d),
+                        (DType::Bool, DType::F32) | (DType::F32, DType::Bool)
+                    )))
+                .then(|| format!("casts {} to {d}", dt(a))),
+                InstKind::OuterIndex | InstKind::Const(_) | InstKind::Reduce { .. } => {
+                    Some("is not an inner-level instruction".into())
                 }
-                InstKind::OuterIndex | InstKind::Const(_) | InstKind::Reduce { .. } => false,
             };
-            if !ok {
-                return None;
+            if let Some(why) = why {
+                return Err(format!("kernel IR %{k} {why}"));
             }
         }
-        Some(VectorPass {
+        Ok(VectorPass {
             kernel,
             levels,
             compute,
