@@ -568,8 +568,17 @@ KF_INLINE kf_f32x16 kf_vlog_special(kf_f32x16 x, kf_f32x16 v) {
      * +inf -> +inf; negative -> NaN; positive -> v. */
     return __builtin_ia32_fixupimmps512_mask(v, x, (kf_i32x16){} + (int32_t)0x03530422, 0, KF_ALL, KF_CUR);
 }
+/* A non-temporal store of 16 lanes where d is line-aligned (the whole line is written at once,
+ * so no partial write-combining flush), an ordinary store elsewhere. */
+KF_INLINE void kf_vstore_nt(float *d, kf_f32x16 v) {
+    if (((uintptr_t)d & 63) == 0)
+        __builtin_ia32_movntps512(d, v);
+    else
+        memcpy(d, &v, 64);
+}
 #else
 #define KF_VECTOR_ISA "lanewise"
+KF_INLINE void kf_vstore_nt(float *d, kf_f32x16 v) { memcpy(d, &v, 64); }
 #define KF_LANEWISE(name, scalar)                                            \
     KF_INLINE kf_f32x16 name(kf_f32x16 x) {                                  \
         kf_f32x16 r;                                                         \

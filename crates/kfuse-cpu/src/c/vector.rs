@@ -64,6 +64,8 @@ pub(super) struct VectorPass<'a> {
     reload: &'a [bool],
     save: &'a [bool],
     staged: &'a [Option<Staged>],
+    /// Stores that are not staged go out non-temporally where line-aligned.
+    stream: bool,
 }
 
 fn is_index(kind: InstKind) -> bool {
@@ -160,7 +162,15 @@ impl<'a> VectorPass<'a> {
             reload,
             save,
             staged,
+            stream: false,
         })
+    }
+
+    /// The same pass with its unstaged stores non-temporal where line-aligned: each store
+    /// writes a whole 64-byte line, so the line is neither read for ownership nor left in a
+    /// partly filled write-combining buffer. The kernel must end with `kf_stream_fence()`.
+    pub(super) fn streaming(self, stream: bool) -> Self {
+        VectorPass { stream, ..self }
     }
 
     fn inner(&self, id: InstId) -> bool {
@@ -260,12 +270,16 @@ impl<'a> VectorPass<'a> {
                         Some(_) => format!("stage{k} + ({at} - jb)"),
                         None => format!("a{arg} + {}", self.name(offset, u)),
                     };
-                    writeln!(
-                        stores,
-                        "{indent}{{ kf_f32x16 st = {}; memcpy({dst}, &st, 64); }}",
-                        vec(value)
-                    )
-                    .unwrap();
+                    if self.staged[k].is_none() && self.stream {
+                        writeln!(stores, "{indent}kf_vstore_nt({dst}, {});", vec(value)).unwrap();
+                    } else {
+                        writeln!(
+                            stores,
+                            "{indent}{{ kf_f32x16 st = {}; memcpy({dst}, &st, 64); }}",
+                            vec(value)
+                        )
+                        .unwrap();
+                    }
                     continue;
                 }
                 InstKind::Unary(op, a) => {
