@@ -483,10 +483,12 @@ fn pass_body(
 /// A loop over the inner indices `[lo, hi)`: blocks of 16 through the vector body where the pass
 /// has one ([`UNROLL`] blocks per iteration while they last), the rest through the scalar body.
 /// Bodies are rendered at `indent` plus eight spaces, each block followed by `prefetch`'s
-/// next-row prefetches where given.
+/// next-row prefetches where given. With `align` (an address expression of `j`), scalar
+/// iterations come first until that address is 64-byte aligned.
 fn inner_loop(
     vector: Option<&VectorPass>,
     prefetch: Option<(&Kernel, &NextRow)>,
+    align: Option<&str>,
     scalar_body: &str,
     lo: &str,
     hi: &str,
@@ -499,6 +501,9 @@ fn inner_loop(
     };
     let inner = format!("{indent}        ");
     let mut s = format!("{indent}{{\n{indent}    int64_t j = {lo};\n");
+    if let Some(address) = align {
+        write!(s, "{indent}    for (; j < {hi} && ((uintptr_t)({address}) & 63) != 0; j++) {{\n{scalar_body}{indent}    }}\n").unwrap();
+    }
     for blocks in [UNROLL, 1] {
         let width = LANES * blocks;
         writeln!(
@@ -698,13 +703,28 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
     } else {
         None
     };
-    let staged = staged_stores(kernel, &levels, &inner_stores, &passes.compute[final_pass]);
+    // Large outputs stream past the cache. A final pass with vector bodies stores each 64-byte
+    // line non-temporally straight from registers, after a scalar head that aligns the first
+    // output's lines; against staging and copying (what scalar passes do, `staged_stores`),
+    // in alternating runs: W3 85-89% -> 99-106% of the paired triad, W4b 86% -> 90%, W4a no
+    // worse; and tanh(0.5 x + 0.1), which computes too much to stage, 72-76% -> 80-92%.
+    let unstaged = vec![None; kernel.insts.len()];
+    let direct = !inner_stores.is_empty()
+        && written_bytes(kernel) >= STREAM_MIN_BYTES
+        && VectorPass::new(
+            kernel,
+            &passes.compute[final_pass],
+            &passes.reload[final_pass],
+            &passes.save[final_pass],
+            &unstaged,
+        )
+        .is_ok();
+    let staged = if direct {
+        unstaged.clone()
+    } else {
+        staged_stores(kernel, &levels, &inner_stores, &passes.compute[final_pass])
+    };
     let streams = staged.iter().any(Option::is_some);
-    // Large outputs of kernels whose final pass computes too much to stage its stores (see
-    // `staged_stores`) stream straight from the vector body's registers instead, a whole line
-    // per store: tanh(0.5 x + 0.1) over 16M elements went from 72-76% to 80-92% of the paired
-    // triad; log(exp(x) + 1), bound by arithmetic, measured the same either way.
-    let stream_direct = !streams && written_bytes(kernel) >= STREAM_MIN_BYTES;
     for (k, st) in staged.iter().enumerate() {
         if let (Some(_), InstKind::Store { arg, .. }) = (st, kernel.insts[k].kind) {
             let t = ctype(kernel.args[arg as usize].ty.dtype);
@@ -726,7 +746,6 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
     }
     s.push_str("    (void)j_lo; (void)j_hi;\n    for (int64_t o = o_lo; o < o_hi; o++) {\n");
     let mut pass = 0;
-    let mut direct_streams = false;
     for i in 0..kernel.insts.len() {
         if levels[i] == Level::Inner {
             continue;
@@ -860,8 +879,16 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
             &staged,
         )
         .ok()
-        .map(|vp| vp.streaming(stream_direct));
-        direct_streams = vp.is_some() && stream_direct;
+        .map(|vp| vp.streaming(direct));
+        // The address of the first output's element `j`, for the aligning head.
+        let align = direct
+            .then(|| match kernel.inst(inner_stores[0]).kind {
+                InstKind::Store { arg, offset, .. } => {
+                    vector::index_expr(kernel, offset, "o", "j").map(|e| format!("a{arg} + {e}"))
+                }
+                _ => None,
+            })
+            .flatten();
         let indent = if streams { "            " } else { "        " };
         // The scalar body sits one level deeper inside the vector form's block.
         let body_indent = format!("{indent}{}", if vp.is_some() { "        " } else { "    " });
@@ -871,6 +898,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
             s.push_str(&inner_loop(
                 vp.as_ref(),
                 prefetch.map(|n| (kernel, n)),
+                align.as_deref(),
                 &body,
                 "j_lo",
                 "j_hi",
@@ -884,6 +912,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
             s.push_str(&inner_loop(
                 vp.as_ref(),
                 prefetch.map(|n| (kernel, n)),
+                None,
                 &body,
                 "jb",
                 "je",
@@ -901,7 +930,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         }
     }
     s.push_str("    }\n");
-    if streams || direct_streams {
+    if streams || direct {
         s.push_str("    kf_stream_fence();\n");
     }
     for &k in &scratch {

@@ -573,15 +573,13 @@ fn a_new_batch_size_reuses_the_compiled_kernels() {
 
 #[test]
 fn large_outputs_stream_and_stay_bit_exact() {
-    // Memory-bound kernels writing at least STREAM_MIN_BYTES stage their contiguous stores and
-    // stream them:
-    // rows of odd length (unaligned row starts, partial staging blocks), several outputs of
-    // different widths (f32, f64, u8), a row kernel and a flat one.
-    // Kernels whose final pass computes a transcendental store non-temporally straight from
-    // their vector bodies instead (where the line is aligned): a flat one of odd length, and a
-    // 2-D one whose odd rows start at every alignment.
+    // Kernels writing at least STREAM_MIN_BYTES stream their stores. Final passes with vector
+    // bodies store non-temporally straight from registers after a scalar head that aligns the
+    // first output: a row kernel whose odd rows start at every alignment, a flat kernel of odd
+    // length, transcendental ones. Scalar passes stage their contiguous stores and stream
+    // them: several outputs of different widths (f32, f64, u8), partial staging blocks.
     let programs = [
-        ("kf_stream(a", "%x = input() name=\"x\" : f32[1051, 4001]\n%m = reduce_max(%x) axes=[1] keepdims=true\n\
+        ("kf_vstore_nt(a", "%x = input() name=\"x\" : f32[1051, 4001]\n%m = reduce_max(%x) axes=[1] keepdims=true\n\
          %d = sub(%x, %m)\n%s = reduce_sum(%d) axes=[1] keepdims=true\n\
          %y = mul(%d, %s)\noutput \"y\" = %y\n"),
         ("kf_stream(a", "%x = input() name=\"x\" : f32[2100003]\n%y = input() name=\"y\" : f32[2100003]\n\

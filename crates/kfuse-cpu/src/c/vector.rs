@@ -352,7 +352,7 @@ impl<'a> VectorPass<'a> {
 
 /// Index instruction `id` as a C expression of the outer and inner indices `o` and `j`, where
 /// it is index arithmetic all the way down.
-fn index_expr(kernel: &Kernel, id: InstId, o: &str, j: &str) -> Option<String> {
+pub(super) fn index_expr(kernel: &Kernel, id: InstId, o: &str, j: &str) -> Option<String> {
     let inst = kernel.inst(id);
     Some(match inst.kind {
         InstKind::OuterIndex => o.to_string(),
