@@ -480,6 +480,22 @@ fn pass_body(
     Ok(body)
 }
 
+/// The vector form of pass `p` (see [`VectorPass::new`]).
+fn vector_pass<'a>(
+    kernel: &'a Kernel,
+    passes: &'a Passes,
+    p: usize,
+    staged: &'a [Option<Staged>],
+) -> Result<VectorPass<'a>, String> {
+    VectorPass::new(
+        kernel,
+        &passes.compute[p],
+        &passes.reload[p],
+        &passes.save[p],
+        staged,
+    )
+}
+
 /// A loop over the inner indices `[lo, hi)`: blocks of 16 through the vector body where the pass
 /// has one ([`UNROLL`] blocks per iteration while they last), the rest through the scalar body.
 /// Bodies are rendered at `indent` plus eight spaces, each block followed by `prefetch`'s
@@ -634,28 +650,12 @@ pub fn vector_passes(kernel: &Kernel) -> Vec<Result<(), String>> {
             if d != DType::F32 || vd != DType::F32 || vector_combine(op, d).is_none() {
                 return Err(format!("kernel IR %{i} is {} of {vd}", op.name()));
             }
-            VectorPass::new(
-                kernel,
-                &passes.compute[p],
-                &passes.reload[p],
-                &passes.save[p],
-                &staged,
-            )
-            .map(|_| ())
+            vector_pass(kernel, &passes, p, &staged).map(|_| ())
         })
         .collect();
     if !inner_stores.is_empty() {
         let p = roots.len() - 1;
-        report.push(
-            VectorPass::new(
-                kernel,
-                &passes.compute[p],
-                &passes.reload[p],
-                &passes.save[p],
-                &staged,
-            )
-            .map(|_| ()),
-        );
+        report.push(vector_pass(kernel, &passes, p, &staged).map(|_| ()));
     }
     report
 }
@@ -711,14 +711,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
     let unstaged = vec![None; kernel.insts.len()];
     let direct = !inner_stores.is_empty()
         && written_bytes(kernel) >= STREAM_MIN_BYTES
-        && VectorPass::new(
-            kernel,
-            &passes.compute[final_pass],
-            &passes.reload[final_pass],
-            &passes.save[final_pass],
-            &unstaged,
-        )
-        .is_ok();
+        && vector_pass(kernel, &passes, final_pass, &unstaged).is_ok();
     let staged = if direct {
         unstaged.clone()
     } else {
@@ -754,16 +747,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         if let InstKind::Reduce { op, value } = inst.kind {
             let body = pass_body(kernel, &passes, pass, &staged, "                ")?;
             let vp = (inst.dtype == DType::F32)
-                .then(|| {
-                    VectorPass::new(
-                        kernel,
-                        &passes.compute[pass],
-                        &passes.reload[pass],
-                        &passes.save[pass],
-                        &staged,
-                    )
-                    .ok()
-                })
+                .then(|| vector_pass(kernel, &passes, pass, &staged).ok())
                 .flatten();
             let this_pass = pass;
             pass += 1;
@@ -871,15 +855,9 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         writeln!(s, "        {}", statement(kernel, i)?).unwrap();
     }
     if !inner_stores.is_empty() {
-        let vp = VectorPass::new(
-            kernel,
-            &passes.compute[final_pass],
-            &passes.reload[final_pass],
-            &passes.save[final_pass],
-            &staged,
-        )
-        .ok()
-        .map(|vp| vp.streaming(direct));
+        let vp = vector_pass(kernel, &passes, final_pass, &staged)
+            .ok()
+            .map(|vp| vp.streaming(direct));
         // The address of the first output's element `j`, for the aligning head.
         let align = direct
             .then(|| match kernel.inst(inner_stores[0]).kind {
