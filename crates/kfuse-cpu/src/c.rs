@@ -485,15 +485,19 @@ fn vector_pass<'a>(
     kernel: &'a Kernel,
     passes: &'a Passes,
     p: usize,
-    staged: &'a [Option<Staged>],
 ) -> Result<VectorPass<'a>, String> {
     VectorPass::new(
         kernel,
         &passes.compute[p],
         &passes.reload[p],
         &passes.save[p],
-        staged,
     )
+}
+
+/// Whether a reduction's terms can combine as 16-lane vectors: f32 terms into an f32 result, by
+/// an op with a vector combine.
+fn vector_reduction(op: ReduceOp, d: DType, vd: DType) -> bool {
+    d == DType::F32 && vd == DType::F32 && vector_combine(op, d).is_some()
 }
 
 /// A loop over the inner indices `[lo, hi)`: blocks of 16 through the vector body where the pass
@@ -635,7 +639,6 @@ pub fn vector_passes(kernel: &Kernel) -> Vec<Result<(), String>> {
     let levels = kernel.levels();
     let (roots, inner_stores) = pass_roots(kernel, &levels);
     let passes = plan_passes(kernel, &levels, &roots);
-    let staged = vec![None; kernel.insts.len()];
     let reductions = kernel
         .insts
         .iter()
@@ -647,15 +650,15 @@ pub fn vector_passes(kernel: &Kernel) -> Vec<Result<(), String>> {
     let mut report: Vec<Result<(), String>> = reductions
         .enumerate()
         .map(|(p, (i, op, d, vd))| {
-            if d != DType::F32 || vd != DType::F32 || vector_combine(op, d).is_none() {
+            if !vector_reduction(op, d, vd) {
                 return Err(format!("kernel IR %{i} is {} of {vd}", op.name()));
             }
-            vector_pass(kernel, &passes, p, &staged).map(|_| ())
+            vector_pass(kernel, &passes, p).map(|_| ())
         })
         .collect();
     if !inner_stores.is_empty() {
         let p = roots.len() - 1;
-        report.push(vector_pass(kernel, &passes, p, &staged).map(|_| ()));
+        report.push(vector_pass(kernel, &passes, p).map(|_| ()));
     }
     report
 }
@@ -708,12 +711,13 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
     // output's lines; against staging and copying (what scalar passes do, `staged_stores`),
     // in alternating runs: W3 85-89% -> 99-106% of the paired triad, W4b 86% -> 90%, W4a no
     // worse; and tanh(0.5 x + 0.1), which computes too much to stage, 72-76% -> 80-92%.
-    let unstaged = vec![None; kernel.insts.len()];
-    let direct = !inner_stores.is_empty()
-        && written_bytes(kernel) >= STREAM_MIN_BYTES
-        && vector_pass(kernel, &passes, final_pass, &unstaged).is_ok();
+    // So a final pass is staged only where it has no vector body.
+    let final_vector = (!inner_stores.is_empty())
+        .then(|| vector_pass(kernel, &passes, final_pass).ok())
+        .flatten();
+    let direct = final_vector.is_some() && written_bytes(kernel) >= STREAM_MIN_BYTES;
     let staged = if direct {
-        unstaged.clone()
+        vec![None; kernel.insts.len()]
     } else {
         staged_stores(kernel, &levels, &inner_stores, &passes.compute[final_pass])
     };
@@ -746,8 +750,8 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         let inst = kernel.insts[i];
         if let InstKind::Reduce { op, value } = inst.kind {
             let body = pass_body(kernel, &passes, pass, &staged, "                ")?;
-            let vp = (inst.dtype == DType::F32)
-                .then(|| vector_pass(kernel, &passes, pass, &staged).ok())
+            let vp = vector_reduction(op, inst.dtype, kernel.inst(value).dtype)
+                .then(|| vector_pass(kernel, &passes, pass).ok())
                 .flatten();
             let this_pass = pass;
             pass += 1;
@@ -855,9 +859,8 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         writeln!(s, "        {}", statement(kernel, i)?).unwrap();
     }
     if !inner_stores.is_empty() {
-        let vp = vector_pass(kernel, &passes, final_pass, &staged)
-            .ok()
-            .map(|vp| vp.streaming(direct));
+        // Staged stores imply a final pass without vector body (one with streams directly).
+        let vp = final_vector.map(|vp| vp.streaming(direct));
         // The address of the first output's element `j`, for the aligning head.
         let align = direct
             .then(|| match kernel.inst(inner_stores[0]).kind {

@@ -24,7 +24,7 @@ use std::fmt::Write;
 use kfuse_ir::{BinaryOp, DType, UnaryOp};
 use kfuse_kernel::{IndexOp, InstId, InstKind, Kernel, Level};
 
-use super::{binary, compare_op, index_op, unary, v, Staged};
+use super::{binary, compare_op, index_op, unary, v};
 
 /// Blocks of 16 per iteration of a vector loop.
 pub(super) const UNROLL: usize = 2;
@@ -63,8 +63,7 @@ pub(super) struct VectorPass<'a> {
     compute: &'a [bool],
     reload: &'a [bool],
     save: &'a [bool],
-    staged: &'a [Option<Staged>],
-    /// Stores that are not staged go out non-temporally where line-aligned.
+    /// Stores go out non-temporally where line-aligned.
     stream: bool,
 }
 
@@ -80,7 +79,6 @@ impl<'a> VectorPass<'a> {
         compute: &'a [bool],
         reload: &'a [bool],
         save: &'a [bool],
-        staged: &'a [Option<Staged>],
     ) -> Result<Self, String> {
         let levels = kernel.levels();
         let coef = inner_coefficients(kernel, &levels);
@@ -161,12 +159,11 @@ impl<'a> VectorPass<'a> {
             compute,
             reload,
             save,
-            staged,
             stream: false,
         })
     }
 
-    /// The same pass with its unstaged stores non-temporal where line-aligned: each store
+    /// The same pass with its stores non-temporal where line-aligned: each store
     /// writes a whole 64-byte line, so the line is neither read for ownership nor left in a
     /// partly filled write-combining buffer. The kernel must end with `kf_stream_fence()`.
     pub(super) fn streaming(self, stream: bool) -> Self {
@@ -266,11 +263,8 @@ impl<'a> VectorPass<'a> {
                     self.name(offset, u)
                 ),
                 InstKind::Store { arg, offset, value } => {
-                    let dst = match self.staged[k] {
-                        Some(_) => format!("stage{k} + ({at} - jb)"),
-                        None => format!("a{arg} + {}", self.name(offset, u)),
-                    };
-                    if self.staged[k].is_none() && self.stream {
+                    let dst = format!("a{arg} + {}", self.name(offset, u));
+                    if self.stream {
                         writeln!(stores, "{indent}kf_vstore_nt({dst}, {});", vec(value)).unwrap();
                     } else {
                         writeln!(
