@@ -307,6 +307,9 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
     } else {
         vec![]
     };
+    if only.is_empty() || only.iter().any(|w| w == "W0") {
+        report["w0_fma"] = peak_fma(threads, quick, as_json);
+    }
     let triad = stream_rows
         .iter()
         .filter(|r| {
@@ -446,6 +449,47 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
     }
     let _ = std::fs::remove_dir_all(&cache);
     Ok(())
+}
+
+/// W0's peak f32 FMA rate, one thread and the pool's threads, in GFLOP/s.
+fn peak_fma(threads: usize, quick: bool, as_json: bool) -> serde_json::Value {
+    let iters = if quick { 1 << 20 } else { 1 << 24 };
+    let isa = match crate::peak::isa() {
+        Ok(isa) => isa,
+        Err(why) => {
+            if !as_json {
+                println!("W0 peak f32 FMA: not measured ({why})");
+            }
+            return json!({"skipped": why});
+        }
+    };
+    let mut rows = Vec::new();
+    for t in [1, threads.max(1)] {
+        if t == threads && t == 1 && !rows.is_empty() {
+            break;
+        }
+        match crate::peak::gflops(t, iters, 5) {
+            Ok(g) => rows.push(json!({"threads": t, "gflop_per_s": g})),
+            Err(why) => return json!({"skipped": why}),
+        }
+    }
+    if !as_json {
+        let cells: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} thread(s) {:.0}",
+                    r["threads"],
+                    r["gflop_per_s"].as_f64().unwrap_or(0.0)
+                )
+            })
+            .collect();
+        println!(
+            "W0 peak f32 FMA ({isa}, GFLOP/s, median of 5): {}",
+            cells.join(", ")
+        );
+    }
+    json!({"isa": isa, "rows": rows})
 }
 
 /// The case where fusing everything is slower than partial fusion: an expensive value read

@@ -15,6 +15,7 @@ mod bench;
 mod demo;
 mod explain;
 mod mem;
+mod peak;
 
 #[derive(Parser)]
 #[command(

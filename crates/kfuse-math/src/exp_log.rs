@@ -29,13 +29,24 @@ fn scale(y: f32, k: i32) -> f32 {
     y * pow2i(k1) * pow2i(k - k1)
 }
 
-/// `e^r - 1 - r` divided by `r^2` on `|r| <= ln2/2` (Cephes `expf`).
+/// The coefficients of [`exp_poly`], highest degree first: vectorized forms of the
+/// exponential (kfuse-cpu's) take them from here.
+/// (Cephes's digits, kept as published; the last rounds to 0.5 in f32.)
+#[allow(clippy::excessive_precision)]
+pub const EXP_POLY_F32: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    5.000_000_1e-1,
+];
+
+/// `e^r - 1 - r` divided by `r^2` on `|r| <= ln2/2` (Cephes `expf`), in Horner's order.
 #[inline]
 fn exp_poly(r: f32) -> f32 {
-    ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 1.666_666_5e-1)
-        * r
-        + 5.000_000_1e-1
+    let c = EXP_POLY_F32;
+    ((((c[0] * r + c[1]) * r + c[2]) * r + c[3]) * r + c[4]) * r + c[5]
 }
 
 /// `e^r` on `|r| <= ln2/2`.

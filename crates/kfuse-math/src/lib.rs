@@ -21,7 +21,9 @@ mod scalar;
 mod trig;
 
 pub use erf::{erf_f32, erf_f64, erfc_f64_of_f32, gelu_f32, gelu_f64};
-pub use exp_log::{exp2_f32, exp_f32, exp_f32_of_f64, expm1_f32, log1p_f32, log2_f32, log_f32};
+pub use exp_log::{
+    exp2_f32, exp_f32, exp_f32_of_f64, expm1_f32, log1p_f32, log2_f32, log_f32, EXP_POLY_F32,
+};
 pub use rng::{normal_f32, normal_f64, philox4x32, uniform_f32, uniform_f64};
 pub use scalar::{
     floor_div_i64, maximum_f32, maximum_f64, minimum_f32, minimum_f64, pow_f32, rem_f32, rem_f64,
@@ -116,7 +118,7 @@ pub fn gelu_tanh_f32(x: f32) -> f32 {
 }
 
 /// `sqrt(2 / pi)`, correctly rounded.
-const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+pub const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 
 /// GELU, tanh form, f64.
 pub fn gelu_tanh_f64(x: f64) -> f64 {
