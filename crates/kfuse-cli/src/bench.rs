@@ -464,10 +464,12 @@ fn peak_fma(threads: usize, quick: bool, as_json: bool) -> serde_json::Value {
         }
     };
     let mut rows = Vec::new();
-    for t in [1, threads.max(1)] {
-        if t == threads && t == 1 && !rows.is_empty() {
-            break;
-        }
+    let counts = if threads > 1 {
+        vec![1, threads]
+    } else {
+        vec![1]
+    };
+    for t in counts {
         match crate::peak::gflops(t, iters, 5) {
             Ok(g) => rows.push(json!({"threads": t, "gflop_per_s": g})),
             Err(why) => return json!({"skipped": why}),

@@ -518,3 +518,61 @@ fn profile_writes_a_chrome_trace() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `kfuse bench --quick --json` runs every workload at small sizes and reports each: W0's
+/// bandwidth rows and peak FMA, W1-W4 fused against unfused (the bench itself fails when the
+/// fused result leaves the workload's tolerance), W5-W7 and the cost-model case. Only the
+/// report's shape and sanity are checked here, never a timing.
+#[test]
+fn bench_quick_reports_every_workload() {
+    let out = kfuse(&["bench", "--quick", "--json"]);
+    assert!(out.status.success(), "bench failed: {}", stderr(&out));
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("bench --json prints JSON");
+    let w0 = report["w0"].as_array().expect("w0 rows");
+    // copy, scale, add, triad; ordinary and (with AVX-512) streaming stores; 1 and 2 threads.
+    assert!(w0.len() >= 8, "{w0:?}");
+    for row in w0 {
+        let gb = row["gb_per_s"].as_f64().unwrap();
+        assert!(gb.is_finite() && gb > 0.0, "{row}");
+    }
+    let fma = &report["w0_fma"];
+    match fma["rows"].as_array() {
+        Some(rows) => {
+            assert!(!rows.is_empty());
+            for row in rows {
+                let g = row["gflop_per_s"].as_f64().unwrap();
+                assert!(g.is_finite() && g > 0.0, "{row}");
+            }
+        }
+        None => eprintln!("W0 peak FMA not measured on this CPU: {}", fma["skipped"]),
+    }
+    let ids: Vec<&str> = report["workloads"]
+        .as_array()
+        .expect("workload rows")
+        .iter()
+        .map(|w| w["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["W1", "W2a", "W2b", "W3", "W4a", "W4b"]);
+    for id in ["W5a", "W5b"] {
+        assert!(
+            report["gemm_epilogues"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["id"] == id && r["ratio"].as_f64().unwrap() > 0.0),
+            "{id} missing"
+        );
+    }
+    for id in ["W6a", "W6b", "W7"] {
+        assert!(
+            report["convolutions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["id"] == id),
+            "{id} missing"
+        );
+    }
+    assert_eq!(report["cost_model_case"].as_array().unwrap().len(), 2);
+}
