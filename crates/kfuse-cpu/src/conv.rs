@@ -103,10 +103,22 @@ fn for_each_band(
     bytes_per_row: usize,
     task: &(dyn Fn(usize, std::ops::Range<usize>) + Sync),
 ) {
+    for_each_band_fitted(images, out_rows, bytes_per_row, |rows| rows, task)
+}
+
+/// [`for_each_band`], with the band's row count passed through `fit` (which may lower it, to
+/// at least 1) after the cache and balance limits.
+fn for_each_band_fitted(
+    images: usize,
+    out_rows: usize,
+    bytes_per_row: usize,
+    fit: impl Fn(usize) -> usize,
+    task: &(dyn Fn(usize, std::ops::Range<usize>) + Sync),
+) {
     let pool = Pool::global();
     let by_cache = (TILE_BYTES / bytes_per_row.max(1)).max(1);
     let by_balance = (images * out_rows).div_ceil(4 * pool.threads()).max(1);
-    let rows = by_cache.min(by_balance).min(out_rows).max(1);
+    let rows = fit(by_cache.min(by_balance).min(out_rows).max(1)).clamp(1, out_rows.max(1));
     let bands = out_rows.div_ceil(rows);
     pool.run(images * bands, &|t| {
         let (n, band) = (t / bands, t % bands);

@@ -175,6 +175,12 @@ fn cases() -> Vec<Case> {
         case([1, 24, 10, 37], 13, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
         case([2, 64, 9, 20], 64, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
         case([1, 8, 11, 30], 24, [5, 3], [1, 1], [2, 2, 0, 3], [1, 2], 2),
+        // Output rows as wide as input rows (the direct kernel's masked layout): uneven
+        // left/right and top/bottom padding, dilation, 56-wide rows (W7's) in several bands
+        // with a partial last block of positions, a partial block of output channels.
+        case([1, 5, 7, 12], 9, [3, 3], [1, 1], [0, 2, 2, 0], [1, 1], 1),
+        case([2, 6, 9, 10], 8, [5, 3], [1, 1], [4, 4, 1, 3], [2, 2], 2),
+        case([1, 16, 40, 56], 13, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
         // Size 1 everywhere, a kernel larger than the input, and an empty batch.
         case([1, 1, 1, 1], 1, [1, 1], [1, 1], [0; 4], [1, 1], 1),
         case([1, 3, 2, 2], 2, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),

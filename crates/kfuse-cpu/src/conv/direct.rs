@@ -1,22 +1,34 @@
 //! Direct stride-1 convolutions for f32 on AVX-512: an implicit-GEMM microkernel that reads
-//! its input straight from a zero-bordered copy of the band, with no packing and no im2col.
+//! its input from a copy of the band's input rows, with no packing and no im2col.
 //!
-//! As in [`super::shifted`], each task copies the input rows of its band into one
-//! zero-bordered plane per channel, `pw` wide, on which output pixel `(r, x)` sits at
-//! `q = r * pw + x` and its tap `(i, j)` reads `q + i * dh * pw + j * dw`. The microkernel keeps
-//! an 8 output channel × 48 position block of sums in 24 vector registers. For each input
-//! channel and tap it loads the three 16-wide input vectors once, and multiplies them by each
-//! of the 8 weights, broadcast. All taps and channels are summed before the block is stored.
-//! The shifted-GEMM path instead stores and reloads the output once per tap, and the `gemm`
-//! crate repacks the shifted input for each tap. Weights are packed once per call,
-//! `[block][channel][tap][8]`, with zeros for a last partial block.
+//! The microkernel keeps an 8 output channel × 48 position block of sums in 24 vector
+//! registers. For each input channel and tap it loads the three 16-wide input vectors once,
+//! and multiplies them by each of the 8 weights, broadcast. All taps and channels are summed
+//! before the block is stored. (The shifted-GEMM path instead stores and reloads the output
+//! once per tap, and the `gemm` crate repacks the shifted input for each tap.) Weights are
+//! packed once per call, with zeros for a last partial block.
 //!
-//! The bias (and ReLU, unless a residual comes before it) is applied in registers, and the
-//! block is stored to a staging tile over the padded grid. The tile's valid pixels are copied
-//! out row by row with the rest of the epilogue: the residual, then the activation. The
-//! depthwise-separable block and its one-tap pointwise half use the same microkernel. Storing each vector straight to the output with
-//! masked stores, skipping the padding columns, measured slower in alternating runs: W6b
-//! 39.1 against 36.8 ms, W7 5.17 against 4.94 ms.
+//! Two layouts of positions:
+//! - **Same width** (output rows as wide as input rows, the usual "same" padding):
+//!   positions are the output pixels of a band, `q = r * ow + x`, and tap `(i, j)` reads the
+//!   band's copy of its input rows (copied whole, channel by channel) at
+//!   `q + i * dh * ow + j * dw - pad_left`. Lanes whose tap falls outside the image (the
+//!   padding, or the neighbouring row at either end of a row) are masked off their load, so
+//!   no padding column is computed and the sums go straight to the output rows, which are
+//!   contiguous within a band. Against the zero-bordered grid below, W7 measured 4.54–4.68 ms
+//!   against 4.95–5.22 in alternating runs, W6b about 3% faster.
+//! - **Otherwise**, as in [`super::shifted`], each task copies the input rows of its band
+//!   into one zero-bordered plane per channel, `pw` wide, on which output pixel `(r, x)`
+//!   sits at `q = r * pw + x` and its tap `(i, j)` reads `q + i * dh * pw + j * dw`; the
+//!   block is stored to a staging tile over the padded grid whose valid pixels are copied
+//!   out row by row.
+//!
+//! The bias (and ReLU, unless a residual comes before it) is applied in registers; the rest
+//! of the epilogue (the residual, then the activation) runs over the stored rows. The
+//! depthwise-separable block and its one-tap pointwise half use the same microkernel.
+//! Storing each vector of the padded grid straight to the output with masked stores,
+//! skipping the padding columns, measured slower in alternating runs: W6b 39.1 against
+//! 36.8 ms, W7 5.17 against 4.94 ms.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -24,7 +36,7 @@ use std::arch::x86_64::*;
 use kfuse_ir::Layout;
 
 use super::shifted::Grid;
-use super::{for_each_band, Geometry, Post};
+use super::{for_each_band, for_each_band_fitted, Geometry, Post};
 use crate::dense::{epilogue, epilogue_into, has_avx512, with_scratch, Activation, Out};
 
 /// Output channels per microkernel block.
@@ -41,6 +53,9 @@ pub(super) fn applies(g: &Geometry) -> bool {
 
 /// The convolution of `g` into `y`, with the epilogue. Call only where [`applies`] holds.
 pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
+    if g.y[3] == g.x[3] {
+        return conv_same_width(g, xs, ws, y, post);
+    }
     let [n_images, c_out, oh, ow] = g.y;
     let (in_registers, rest) = split(post);
     let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
@@ -105,6 +120,184 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
         (cg + og) * pw * std::mem::size_of::<f32>(),
         &job,
     );
+}
+
+/// The convolution of `g` into `y` where output rows are as wide as input rows: the module's
+/// "same width" layout. A masked-off lane is not read at all, so rows of the band's copy
+/// outside the image are never written or read. Reading `xs` directly instead of a copy (the
+/// masks allow it) measured no faster than the zero-bordered grid on W7, 4.8–5.6 ms: the
+/// microkernel then reads 64 channel planes 12.5 KB apart, from memory, where the copy puts
+/// the band's planes next to each other in L2.
+fn conv_same_width(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
+    let [n_images, c_out, oh, ow] = g.y;
+    let [_, c_in, in_h, in_w] = g.x;
+    assert!(xs.len() >= n_images * c_in * in_h * in_w && in_w == ow);
+    let (in_registers, rest) = split(post);
+    let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
+    let [dh, dw] = g.dilation;
+    let [pt, pl] = g.pad;
+    // (di, dj) per tap, row-major as the weights.
+    let shifts: Vec<(isize, isize)> = (0..g.kh)
+        .flat_map(|i| {
+            (0..g.kw).map(move |j| {
+                (
+                    (i * dh) as isize - pt as isize,
+                    (j * dw) as isize - pl as isize,
+                )
+            })
+        })
+        .collect();
+    // Offsets into a band's copy, whose row 0 is input row `r0 - pad_top`.
+    let offsets: Vec<isize> = shifts
+        .iter()
+        .map(|&(di, dj)| (di + pt as isize) * in_w as isize + dj)
+        .collect();
+    let packed = pack_tap_major(ws, g.groups, og, cg, shifts.len());
+    let per_group = packed.len() / g.groups;
+    let out = Out(y.as_mut_ptr());
+    let job = |n: usize, band: std::ops::Range<usize>| {
+        let (r0, rows) = (band.start, band.len());
+        let valid = rows * ow;
+        // The input rows the band reads, `ph` from `r0 - pad_top`, one plane per channel. Rows
+        // outside the image are left as they are: no lane reads them.
+        let ph = rows + (g.kh - 1) * dh;
+        let plane = ph * in_w + 16;
+        let (lo, hi) = (
+            r0.saturating_sub(pt),
+            (r0 + ph).saturating_sub(pt).min(in_h),
+        );
+        with_scratch(cg * plane, |xb: &mut [f32]| {
+            for group in 0..g.groups {
+                if lo < hi {
+                    for ci in 0..cg {
+                        let src = &xs[g.x_offset(n, group * cg + ci, lo, 0)..][..(hi - lo) * in_w];
+                        xb[ci * plane + (lo + pt - r0) * in_w..][..src.len()].copy_from_slice(src);
+                    }
+                }
+                let dst = Dst {
+                    ptr: out
+                        .ptr()
+                        .wrapping_add(((n * c_out + group * og) * oh + r0) * ow),
+                    stride: oh * ow,
+                    channels: og,
+                    valid,
+                };
+                let w = &packed[group * per_group..][..per_group];
+                let bias = in_registers.bias.map(|b| &b[group * og..][..og]);
+                let relu = in_registers.act == Some(Activation::Relu);
+                for qb in (0..valid).step_by(QB) {
+                    // Which lanes of the block's vectors each tap may read.
+                    let masks: Vec<[u16; NV]> = shifts
+                        .iter()
+                        .map(|&(di, dj)| {
+                            std::array::from_fn(|v| {
+                                (0..16).fold(0u16, |m, l| {
+                                    let q = qb + 16 * v + l;
+                                    let (r, x) =
+                                        ((r0 + q / ow) as isize + di, (q % ow) as isize + dj);
+                                    let inside = q < valid
+                                        && (0..in_h as isize).contains(&r)
+                                        && (0..in_w as isize).contains(&x);
+                                    m | (u16::from(inside) << l)
+                                })
+                            })
+                        })
+                        .collect();
+                    let taps = Taps {
+                        x: xb.as_ptr().wrapping_add(qb),
+                        plane,
+                        offsets: &offsets,
+                        masks: &masks,
+                    };
+                    for b in 0..og.div_ceil(OB) {
+                        let finish = Finish {
+                            bias: bias.map(|bias| {
+                                std::array::from_fn(|o| {
+                                    bias.get(b * OB + o).copied().unwrap_or(0.0)
+                                })
+                            }),
+                            relu,
+                        };
+                        let part = Dst {
+                            ptr: dst.ptr.wrapping_add(b * OB * dst.stride + qb),
+                            stride: dst.stride,
+                            channels: (og - b * OB).min(OB),
+                            valid: valid - qb,
+                        };
+                        let per_block = cg * offsets.len() * OB;
+                        // SAFETY: `applies` checked AVX-512. Every lane a mask lets through reads
+                        // a pixel of this image's channels of the group (the masks test the row
+                        // and column against the input's), so within `xs`; the stores go to rows
+                        // r0.. of this group's output channels of image n, this task's alone.
+                        unsafe {
+                            masked_block(&taps, &w[b * per_block..][..per_block], cg, part, &finish)
+                        };
+                    }
+                }
+                if !rest.is_empty() {
+                    for co in 0..og {
+                        let channel = group * og + co;
+                        let at = ((n * c_out + channel) * oh + r0) * ow;
+                        // SAFETY: as above.
+                        let rows =
+                            unsafe { std::slice::from_raw_parts_mut(out.ptr().add(at), valid) };
+                        epilogue(rows, rest.channel(channel, at, valid));
+                    }
+                }
+            }
+        });
+    };
+    // A band's copy of its input rows stays in L2 while each block of output channels reads it. Bands are trimmed to whole blocks of positions where a few rows
+    // less get there (56-wide rows: 6 rows are 7 blocks).
+    for_each_band_fitted(
+        n_images,
+        oh,
+        cg * in_w * std::mem::size_of::<f32>(),
+        |rows| fit_rows(rows, ow),
+        &job,
+    );
+}
+
+/// The largest band of at most `rows` rows (and more than half of them) whose `rows * ow`
+/// positions waste the least of a last partial block of [`QB`] positions.
+fn fit_rows(rows: usize, ow: usize) -> usize {
+    let waste = |r: usize| {
+        let p = r * ow;
+        (p.div_ceil(QB) * QB - p) as f64 / p as f64
+    };
+    (rows.div_ceil(2).max(1)..=rows)
+        .rev()
+        .min_by(|&a, &b| waste(a).total_cmp(&waste(b)))
+        .unwrap_or(rows)
+}
+
+/// The input a [`masked_block`] reads: for tap `t`, input channel `c` and position `p` of the
+/// block, `x + c * plane + offsets[t] + p`, in the lanes `masks[t]` lets through.
+struct Taps<'a> {
+    x: *const f32,
+    plane: usize,
+    offsets: &'a [isize],
+    masks: &'a [[u16; NV]],
+}
+
+/// Weights `[group][out][channel][tap]` packed per group as `[block][tap][channel][OB]`, with
+/// zeros past a group's last output channel: the order [`masked_block`] reads them in.
+fn pack_tap_major(ws: &[f32], groups: usize, og: usize, cg: usize, taps: usize) -> Vec<f32> {
+    let blocks = og.div_ceil(OB);
+    let k = cg * taps;
+    let mut packed = vec![0.0f32; groups * blocks * k * OB];
+    for group in 0..groups {
+        for o in 0..og {
+            let (b, lane) = (o / OB, o % OB);
+            for c in 0..cg {
+                for t in 0..taps {
+                    packed[((group * blocks + b) * k + t * cg + c) * OB + lane] =
+                        ws[((group * og + o) * cg + c) * taps + t];
+                }
+            }
+        }
+    }
+    packed
 }
 
 /// Weights `[group][out][k]` (`k` = channel × tap) packed per group as `[block][k][OB]`, with
@@ -241,6 +434,22 @@ unsafe fn block(
             }
         }
     }
+    // SAFETY: forwarded from the caller.
+    unsafe { store(acc, dst, finish) }
+}
+
+/// A block's sums, finished (bias, ReLU) and stored as `dst` says.
+///
+/// Always inlined into the (AVX-512) blocks, so that their sums stay in registers: a call
+/// would pass the 24 of them through memory (a `#[target_feature]` function cannot be
+/// `#[inline(always)]`, so this one has no features of its own and takes its callers').
+///
+/// # Safety
+/// The CPU must have AVX-512F; the elements `dst` addresses must be writable and this
+/// thread's alone.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn store(acc: [[__m512; NV]; OB], dst: Dst, finish: &Finish) {
     let zero = _mm512_setzero_ps();
     for (o, row) in acc.iter().enumerate().take(dst.channels) {
         for (v, a) in row.iter().enumerate() {
@@ -264,6 +473,51 @@ unsafe fn block(
             }
         }
     }
+}
+
+/// One block of the same-width convolution: output channel `o`, position `p` gets
+/// `finish(sum over taps t and channels c of w[t][c][o] * x[c][offsets[t] + p])`, the input
+/// read through the taps' masks (lanes masked off count as zero and are not read), stored as
+/// `dst` says. Taps outside, channels inside: a tap's three masks stay in mask registers while
+/// the channels run.
+///
+/// # Safety
+/// The CPU must have AVX-512F; every lane the masks let through must be readable; the
+/// elements `dst` addresses must be writable and this thread's alone. `w` is checked to hold
+/// `taps * cg * OB` elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn masked_block(taps: &Taps, w: &[f32], cg: usize, dst: Dst, finish: &Finish) {
+    assert!(w.len() >= taps.offsets.len() * cg * OB && taps.masks.len() == taps.offsets.len());
+    let mut acc = [[_mm512_setzero_ps(); NV]; OB];
+    let wp = w.as_ptr();
+    for (t, (&off, masks)) in taps.offsets.iter().zip(taps.masks).enumerate() {
+        let base = taps.x.wrapping_offset(off);
+        for c in 0..cg {
+            let at = base.wrapping_add(c * taps.plane);
+            // SAFETY: the caller vouches for the lanes the masks let through; `w` holds
+            // `taps * cg * OB` weights (asserted).
+            unsafe {
+                let xv: [__m512; NV] = std::array::from_fn(|v| {
+                    _mm512_maskz_loadu_ps(masks[v], at.wrapping_add(16 * v))
+                });
+                let wt = wp.add((t * cg + c) * OB);
+                for (o, row) in acc.iter_mut().enumerate() {
+                    let wv = _mm512_set1_ps(*wt.add(o));
+                    for (a, xv) in row.iter_mut().zip(&xv) {
+                        *a = _mm512_fmadd_ps(wv, *xv, *a);
+                    }
+                }
+            }
+        }
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { store(acc, dst, finish) }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn masked_block(_: &Taps, _: &[f32], _: usize, _: Dst, _: &Finish) {
+    unreachable!("`applies` is false without AVX-512")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
