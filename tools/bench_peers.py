@@ -249,6 +249,10 @@ def main():
         for name, fns in suites.items():
             for w, f in fns.items():
                 per_round[name].setdefault(w, []).append(median_ms(f, args.runs))
+        # Let the peers' worker threads go idle first: onnxruntime's spin-wait for work after
+        # a run, and with two cores a spinning thread halves what kfuse gets (W0's two-thread
+        # peak FMA measured 237 GFLOP/s right after the onnxruntime suite, 473 alone).
+        time.sleep(2.0)
         # W0 (the bandwidth probe) only in the first round.
         ids = (["W0"] if r == 0 else []) + workloads
         out = subprocess.run([args.kfuse, "bench", "--json"] + ids, capture_output=True, text=True, env=env, check=True)
