@@ -1,4 +1,5 @@
-//! `kfuse bench`: the workloads W0-W4 of the project's benchmark list.
+//! `kfuse bench`: the workloads W0-W7 of the project's benchmark list, and two extra cases (the
+//! cost model's partial fusion, a fused transpose).
 //!
 //! W0 measures this machine's memory bandwidth with STREAM kernels (copy, scale, add, triad;
 //! ordinary and non-temporal stores; one and two threads) compiled by the same C compiler path as
@@ -441,6 +442,9 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
     if only.is_empty() || only.iter().any(|o| o.starts_with("W6") || o == "W7") {
         report["convolutions"] = conv_workloads(&cache, runs, quick, as_json, only)?;
     }
+    if only.is_empty() || only.iter().any(|o| o == "transpose") {
+        report["transpose"] = transpose_case(&cache, runs, quick, as_json)?;
+    }
     if only.is_empty() || only.iter().any(|o| o == "cost") {
         report["cost_model_case"] = cost_model_case(&cache, runs, as_json)?;
     }
@@ -529,6 +533,42 @@ fn cost_model_case(
             rows[0]["kernels"], rows[0]["ms"].as_f64().unwrap(), rows[1]["kernels"], rows[1]["ms"].as_f64().unwrap());
     }
     Ok(json!(rows))
+}
+
+/// A transpose fused into an add (`permute(x) + x`, which reads `x` across rows), against the
+/// plain `x + x` of the same size: the cost of the strided read with the kernel's loops in
+/// tiles.
+fn transpose_case(
+    cache: &std::path::Path,
+    runs: usize,
+    quick: bool,
+    as_json: bool,
+) -> Result<serde_json::Value> {
+    let n = if quick { 1024 } else { 4096 };
+    let input = format!("%x = input() name=\"x\" : f32[{n}, {n}]\n");
+    let transpose =
+        input.clone() + "%t = permute(%x) perm=[1, 0]\n%y = add(%t, %x)\noutput \"y\" = %y\n";
+    let plain = input + "%y = add(%x, %x)\noutput \"y\" = %y\n";
+    let cost = kfuse::FusePolicy::Cost;
+    let cases = [
+        prepare(&transpose, &[], cost, cache)?,
+        prepare(&plain, &[], cost, cache)?,
+    ];
+    let ms = interleaved_ms(&cases, runs)?;
+    // One read and one write of n x n f32 (the transposed read counted once).
+    let gb = |ms: f64| (8 * n * n) as f64 / ms / 1e6;
+    if !as_json {
+        println!(
+            "\ntranspose (permute(x) + x, {n} x {n} f32): {:.2} ms ({:.1} GB/s); plain x + x: {:.2} ms ({:.1} GB/s)",
+            ms[0],
+            gb(ms[0]),
+            ms[1],
+            gb(ms[1])
+        );
+    }
+    Ok(
+        json!({"n": n, "transpose_ms": ms[0], "transpose_gb_per_s": gb(ms[0]), "add_ms": ms[1], "add_gb_per_s": gb(ms[1])}),
+    )
 }
 
 /// A compiled program and its inputs, ready to time.

@@ -18,8 +18,17 @@ fn vector_passes(step: &Step) -> Vec<Result<(), String>> {
     }
 }
 
+/// The tile of outer × inner iterations a fused kernel's loops run in, if they run in tiles
+/// (where it reads an operand across rows: a transpose).
+fn tile_shape(step: &Step) -> Option<[usize; 2]> {
+    match step {
+        Step::Kernel { kernel, .. } => kfuse::cpu::c::tile_shape(kernel),
+        _ => None,
+    }
+}
+
 /// The `code:` line of a fused kernel in the text report.
-fn code_line(passes: &[Result<(), String>]) -> Option<String> {
+fn code_line(passes: &[Result<(), String>], tiles: Option<[usize; 2]>) -> Option<String> {
     if passes.is_empty() {
         return None;
     }
@@ -36,6 +45,13 @@ fn code_line(passes: &[Result<(), String>]) -> Option<String> {
         if let Err(why) = p {
             write!(line, "; pass {} scalar: {why}", i + 1).unwrap();
         }
+    }
+    if let Some([o, j]) = tiles {
+        write!(
+            line,
+            "; loops in tiles of {o} rows x {j} columns (an operand is read across rows)"
+        )
+        .unwrap();
     }
     Some(line)
 }
@@ -187,6 +203,7 @@ pub fn explain(
                     "name": format!("k{k}"),
                     "kind": kind,
                     "passes": vector,
+                    "tiles": tile_shape(step),
                     "domain": domain,
                     "reduce": reduce,
                     "ops": kernel_ops(graph, &p, k),
@@ -234,7 +251,7 @@ pub fn explain(
             KernelKind::Library => "library kernel".to_string(),
             KernelKind::Structured(group) => structured_head(graph, group),
         };
-        let code = code_line(&vector_passes(step))
+        let code = code_line(&vector_passes(step), tile_shape(step))
             .map(|c| format!("\n  code: {c}"))
             .unwrap_or_default();
         writeln!(

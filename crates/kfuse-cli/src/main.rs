@@ -92,7 +92,8 @@ enum Command {
         #[command(flatten)]
         engine: EngineArgs,
     },
-    /// Run the benchmark workloads W0-W4: machine bandwidth, fused versus unfused times.
+    /// Run the benchmark workloads W0-W7: machine limits, fused versus unfused and peer-free
+    /// baselines.
     Bench {
         /// Print JSON instead of a table.
         #[arg(long)]
@@ -100,7 +101,8 @@ enum Command {
         /// Sixteen times smaller sizes and fewer runs (a smoke test, not a measurement).
         #[arg(long)]
         quick: bool,
-        /// Only these workloads (W0, W1, W2a, W2b, W3, W4a, W4b).
+        /// Only these workloads (W0, W1, W2a, W2b, W3, W4a, W4b, W5a, W5b, W6a, W6b, W7) and
+        /// extra cases (cost: the cost model's partial fusion; transpose: a fused transpose).
         #[arg(value_name = "ID")]
         only: Vec<String>,
     },
