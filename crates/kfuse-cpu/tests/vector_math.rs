@@ -17,8 +17,9 @@ const UNARY: &[(&str, &str, &str)] = &[
     ("tanh", "kf_vtanh(x)", "kf_tanh(x)"),
     ("sigmoid", "kf_vsigmoid(x)", "kf_sigmoid(x)"),
     ("softplus", "kf_vsoftplus(x)", "kf_softplus(x)"),
+    ("relu", "kf_vrelu(x)", "kf_maximum(x, 0.0f)"),
     (
-        "relu",
+        "maximum with 0",
         "kf_vmaximum(x, kf_vsplat(0.0f))",
         "kf_maximum(x, 0.0f)",
     ),

@@ -297,7 +297,21 @@ impl<'a> VectorPass<'a> {
                         };
                         format!("kf_i32x16 {name} = {} {o} {};", mask(x), mask(y))
                     } else {
-                        match vector_binary(op, &vec(x), &vec(y)) {
+                        // max(v, +0) (either way round) is relu's exact operation.
+                        let zero = |id: InstId| {
+                            matches!(self.kernel.inst(id).kind, InstKind::Const(0))
+                                && self.kernel.inst(id).dtype == DType::F32
+                        };
+                        let relu = match (op, zero(x), zero(y)) {
+                            (BinaryOp::Max, _, true) => Some(x),
+                            (BinaryOp::Max, true, false) => Some(y),
+                            _ => None,
+                        };
+                        let e = match relu {
+                            Some(v) => vector_unary(UnaryOp::Relu, &vec(v)),
+                            None => vector_binary(op, &vec(x), &vec(y)),
+                        };
+                        match e {
                             Some(e) => format!("kf_f32x16 {name} = {e};"),
                             None => lanewise(
                                 &name,
@@ -454,7 +468,7 @@ fn vector_unary(op: UnaryOp, x: &str) -> Option<String> {
         UnaryOp::Tanh => f("kf_vtanh"),
         UnaryOp::Sigmoid => f("kf_vsigmoid"),
         UnaryOp::Softplus => f("kf_vsoftplus"),
-        UnaryOp::Relu => Some(format!("kf_vmaximum({x}, kf_vsplat(0.0f))")),
+        UnaryOp::Relu => f("kf_vrelu"),
         UnaryOp::Floor => f("kf_vfloor"),
         UnaryOp::Ceil => f("kf_vceil"),
         UnaryOp::Round => f("kf_vrint"),
