@@ -149,7 +149,7 @@ fn worker(s: &Shared) {
         while generation == seen {
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && start.elapsed() > SPIN {
+            if spins.is_multiple_of(1024) && start.elapsed() > SPIN {
                 let guard = s.job.lock().unwrap_or_else(|e| e.into_inner());
                 generation = s.claim.load(Ordering::Acquire) >> 32;
                 if generation == seen {

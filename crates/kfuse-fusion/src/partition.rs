@@ -730,7 +730,7 @@ fn per_outer_index(
     let offset = rank - dims.len();
     let aligned = (0..rank).all(|a| {
         let d = if a < offset { 1 } else { dims[a - offset] };
-        (d == domain.dims()[a] || d == 1) && (d == 1 || !inner.contains(&a))
+        d == 1 || (d == domain.dims()[a] && !inner.contains(&a))
     });
     let moves = kernel.nodes.iter().any(|&n| {
         matches!(

@@ -263,10 +263,10 @@ impl Kernel {
                         return fail(format!("argument {arg} is not {want:?}"));
                     }
                 }
-                InstKind::Reduce { op, .. } => {
-                    if op == ReduceOp::Mean || matches!(inst.dtype, DType::F16 | DType::BF16) {
-                        return fail("reductions are never mean and never on 16-bit floats".into());
-                    }
+                InstKind::Reduce { op, .. }
+                    if op == ReduceOp::Mean || matches!(inst.dtype, DType::F16 | DType::BF16) =>
+                {
+                    return fail("reductions are never mean and never on 16-bit floats".into());
                 }
                 _ => {}
             }

@@ -32,7 +32,6 @@ fn scale(y: f32, k: i32) -> f32 {
 /// The coefficients of [`exp_poly`], highest degree first: vectorized forms of the
 /// exponential (kfuse-cpu's) take them from here.
 /// (Cephes's digits, kept as published; the last rounds to 0.5 in f32.)
-#[allow(clippy::excessive_precision)]
 pub const EXP_POLY_F32: [f32; 6] = [
     1.987_569_1e-4,
     1.398_199_9e-3,

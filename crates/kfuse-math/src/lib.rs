@@ -13,6 +13,9 @@
 //!   floor division, saturating casts.
 //! * [`philox4x32`]: the counter-based generator behind the `rng` op.
 
+// Polynomial coefficients keep the digits they were published or fitted with.
+#![allow(clippy::excessive_precision)]
+
 pub mod accuracy;
 mod erf;
 mod exp_log;

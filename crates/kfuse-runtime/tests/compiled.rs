@@ -328,11 +328,11 @@ fn binary_ops_comparisons_and_casts_are_bit_exact() {
         };
         for &op in kfuse_ir::BinaryOp::ALL {
             let v = g.add(Op::Binary(op), vec![x, y]);
-            out(&mut g, format!("{}", op.name()), v);
+            out(&mut g, op.name().to_string(), v);
         }
         for &op in kfuse_ir::CompareOp::ALL {
             let v = g.add(Op::Compare(op), vec![x, y]);
-            out(&mut g, format!("{}", op.name()), v);
+            out(&mut g, op.name().to_string(), v);
         }
         for to in DType::ALL {
             if dtype == DType::F64 && to == DType::BF16 {

@@ -653,7 +653,7 @@ impl Tensor {
         let holes = shape.iter().filter(|&&d| d == -1).count();
         if shape.iter().any(|&d| d < -1)
             || holes > 1
-            || (holes == 1 && (known == 0 || n % known != 0))
+            || (holes == 1 && (known == 0 || !n.is_multiple_of(known)))
         {
             return self.cx.error(
                 loc,
