@@ -94,6 +94,9 @@ fn status_reports_in_text_json_and_prometheus() {
         eprintln!("SKIPPED status_reports_in_text_json_and_prometheus: no KSM in this kernel");
         return;
     }
+    // The report's knobs are compared with the system's below: hold the lock the tests that
+    // change them take, so that none changes one in between.
+    let _lock = Ksm::system().lock().ok();
     let text = kfuse(&["mem", "status", "--window", "0.1"]);
     assert!(text.status.success(), "{}", stderr(&text));
     assert!(stdout(&text).contains("saved") && stdout(&text).contains("profit"));
