@@ -457,8 +457,29 @@ fn pass_body(
     staged: &[Option<Staged>],
     indent: &str,
 ) -> Result<String, Unsupported> {
+    pass_body_packed(kernel, passes, p, staged, &[], indent)
+}
+
+/// [`pass_body`], with the loads `packed` (of a tiled kernel, see [`Packed`]) read from their
+/// tile buffers.
+fn pass_body_packed(
+    kernel: &Kernel,
+    passes: &Passes,
+    p: usize,
+    staged: &[Option<Staged>],
+    packed: &[Packed],
+    indent: &str,
+) -> Result<String, Unsupported> {
     let mut body = String::new();
     for k in 0..kernel.insts.len() {
+        if passes.compute[p][k] && packed.iter().any(|pk| pk.load == k) {
+            writeln!(
+                body,
+                "{indent}float v{k} = tbuf{k}[(o - ob) * {TILE_J} + (j - jt)];"
+            )
+            .unwrap();
+            continue;
+        }
         if passes.reload[p][k] {
             writeln!(
                 body,
@@ -634,25 +655,28 @@ fn pass_roots(kernel: &Kernel, levels: &[Level]) -> (Vec<Vec<InstId>>, Vec<InstI
 
 /// Outer iterations per tile of a tiled kernel: one 64-byte line of f32 along the outer index.
 const TILE_O: usize = 16;
-/// Inner iterations per tile: the lines of a transposed read, one per inner step, must stay
-/// in L1 while the tile's outer iterations use them. Where they lie a multiple of 1 KiB apart
-/// they crowd into few sets of the 12-way L1 and only 8 fit ([`TILE_J_ALIASED`]); elsewhere
-/// 32. Median ms of a transpose-add, 4096 × 4096 / 1000 × 1000: inner tile 8: 11.8–14.0 /
-/// 0.25–0.29; 16: 13.6–18.1 / 0.21–0.22; 32: 20.9–21.0 / 0.17–0.19 (row by row: 54.6 / 0.35;
-/// a plain add: 2.8 / 0.05). Outer tiles of 32 measured no better than 16.
+/// Inner iterations per tile. Where the strided operand is f32 with the outer index as its
+/// contiguous axis (a transpose: [`Packed`]), each tile of it is transposed in registers into
+/// an L1 buffer, 16 × 16 floats at a time, and the next tile's lines are prefetched; tiles
+/// are then 32 wide. Otherwise the tile's loop reads the strided lines directly, and they
+/// must stay in L1 while the tile's outer iterations use them: where they lie a multiple of
+/// 1 KiB apart they crowd into few sets of the 12-way L1 and only 8 fit
+/// ([`TILE_J_ALIASED`]); elsewhere 32. Median ms of a transpose-add, 4096 × 4096 /
+/// 1000 × 1000, read directly: inner tile 8: 11.8–14.0 / 0.25–0.29; 16: 13.6–18.1 /
+/// 0.21–0.22; 32: 20.9–21.0 / 0.17–0.19 (row by row: 54.6 / 0.35; a plain add: 2.8 / 0.05);
+/// transposed in registers with prefetch: 10.2–12.6 / 0.19–0.21 (scalar packing without
+/// prefetch: 14–17). Outer tiles of 32 measured no better than 16.
 const TILE_J: usize = 32;
 const TILE_J_ALIASED: usize = 8;
 
 /// Whether `kernel` runs in tiles of [`TILE_O`] outer by [`TILE_J`] (or [`TILE_J_ALIASED`])
-/// inner iterations rather
-/// than row by row: where it reads some value across the inner index with a stride of a
-/// cache line or more (a transposed or permuted operand). Row by row, every inner step of
-/// such a read touches a new line, used once before it is evicted (a 4096 × 4096
-/// transpose-add ran at under 2 GB/s); in a tile, each line serves [`TILE_O`] outer
-/// iterations. Only kernels without reductions and without outer-level stores, whose
-/// iterations are independent, and whose final pass has no vector body (a strided load has
-/// none).
-/// The inner tile size if `kernel` is tiled, else `None`.
+/// inner iterations rather than row by row, and the inner tile size if so: where it reads
+/// some value across the inner index with a stride of a cache line or more (a transposed or
+/// permuted operand). Row by row, every inner step of such a read touches a new line, used
+/// once before it is evicted (a 4096 × 4096 transpose-add ran at under 2 GB/s); in a tile,
+/// each line serves [`TILE_O`] outer iterations. Only kernels without reductions and without
+/// outer-level stores, whose iterations are independent, and whose final pass has no vector
+/// body (a strided load has none).
 fn tiles(kernel: &Kernel, levels: &[Level], passes: usize, vector: bool) -> Option<usize> {
     if passes != 1 || vector || kernel.outer.is_empty() {
         return None;
@@ -677,6 +701,73 @@ fn tiles(kernel: &Kernel, levels: &[Level], passes: usize, vector: bool) -> Opti
         }
     }
     strided.then_some(if aliased { TILE_J_ALIASED } else { TILE_J })
+}
+
+/// A strided f32 load of a tiled kernel whose tiles are transposed into a buffer first
+/// (`kf_transpose16`, 16 × 16 blocks in registers), so that the tile's rows read it along the
+/// inner index like any other operand: its offset is `base + stride * j + o` (the outer index
+/// with coefficient 1, so a tile row of the source is 16 consecutive floats).
+struct Packed {
+    load: usize,
+    arg: u32,
+    stride: i64,
+    /// The offset at (ob, jt) and at (oo, jj), as C expressions.
+    base: String,
+    at: String,
+}
+
+fn packed_loads(kernel: &Kernel, levels: &[Level]) -> Vec<Packed> {
+    let inner = inner_strides(kernel, levels);
+    let outer = outer_strides(kernel);
+    (0..kernel.insts.len())
+        .filter_map(|k| {
+            let inst = kernel.insts[k];
+            let InstKind::Load { arg, offset } = inst.kind else {
+                return None;
+            };
+            let stride = inner[offset.index()]?;
+            if levels[k] != Level::Inner
+                || inst.dtype != DType::F32
+                || stride < 16
+                || outer[offset.index()] != Some(1)
+            {
+                return None;
+            }
+            Some(Packed {
+                load: k,
+                arg,
+                stride,
+                base: vector::index_expr(kernel, offset, "ob", "jt")?,
+                at: vector::index_expr(kernel, offset, "oo", "jj")?,
+            })
+        })
+        .collect()
+}
+
+/// The coefficient of the outer index in each index-valued instruction where it is affine in
+/// the outer index with a known coefficient (as [`inner_strides`]; the inner index: 0).
+fn outer_strides(kernel: &Kernel) -> Vec<Option<i64>> {
+    let mut coef: Vec<Option<i64>> = Vec::with_capacity(kernel.insts.len());
+    let constant = |id: InstId| match kernel.inst(id).kind {
+        InstKind::Const(bits) => Some(bits as i64),
+        _ => None,
+    };
+    for inst in &kernel.insts {
+        let c = match inst.kind {
+            InstKind::OuterIndex => Some(1),
+            InstKind::InnerIndex | InstKind::Const(_) => Some(0),
+            InstKind::Index(op, a, b) => match (op, coef[a.index()], coef[b.index()]) {
+                (IndexOp::Add, Some(x), Some(y)) => x.checked_add(y),
+                (IndexOp::Sub, Some(x), Some(y)) => x.checked_sub(y),
+                (IndexOp::Mul, Some(x), Some(0)) => constant(b).and_then(|k| x.checked_mul(k)),
+                (IndexOp::Mul, Some(0), Some(y)) => constant(a).and_then(|k| y.checked_mul(k)),
+                _ => None,
+            },
+            _ => None,
+        };
+        coef.push(c);
+    }
+    coef
 }
 
 /// The coefficient of the inner index in each index-valued instruction where it is affine in
@@ -830,9 +921,35 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         .unwrap();
     }
     s.push_str("    (void)j_lo; (void)j_hi;\n");
+    let packed = if tiled.is_some() {
+        packed_loads(kernel, &levels)
+    } else {
+        vec![]
+    };
+    let tiled = if packed.is_empty() {
+        tiled
+    } else {
+        tiled.map(|_| TILE_J)
+    };
     let (j_lo, j_hi) = if let Some(tj) = tiled {
+        for pk in &packed {
+            writeln!(
+                s,
+                "    float tbuf{}[{}] __attribute__((aligned(64)));",
+                pk.load,
+                TILE_O * TILE_J
+            )
+            .unwrap();
+        }
         writeln!(s, "    for (int64_t ob = o_lo; ob < o_hi; ob += {TILE_O}) {{\n    int64_t oe = ob + {TILE_O} < o_hi ? ob + {TILE_O} : o_hi;").unwrap();
         writeln!(s, "    for (int64_t jt = j_lo; jt < j_hi; jt += {tj}) {{\n    int64_t jte = jt + {tj} < j_hi ? jt + {tj} : j_hi;").unwrap();
+        for pk in &packed {
+            let (k, arg, stride) = (pk.load, pk.arg, pk.stride);
+            // The next tile's lines of the strided operand are requested now: each is one line
+            // of a different row, which no hardware prefetcher predicts.
+            writeln!(s, "    if (oe - ob == {TILE_O} && jte - jt == {TILE_J}) {{\n        for (int64_t r = {TILE_J}; r < {}; r++)\n            __builtin_prefetch(a{arg} + {} + r * ((int64_t){stride}ll), 0, 3);\n        for (int64_t jb = 0; jb < {TILE_J}; jb += 16)\n            kf_transpose16(a{arg} + {} + jb * ((int64_t){stride}ll), {stride}, tbuf{k} + jb, {TILE_J});\n    }} else {{", 2 * TILE_J, pk.base, pk.base).unwrap();
+            writeln!(s, "        for (int64_t jj = jt; jj < jte; jj++)\n            for (int64_t oo = ob; oo < oe; oo++)\n                tbuf{k}[(oo - ob) * {TILE_J} + (jj - jt)] = a{arg}[{}];\n    }}", pk.at).unwrap();
+        }
         s.push_str("    for (int64_t o = ob; o < oe; o++) {\n");
         ("jt", "jte")
     } else {
@@ -970,7 +1087,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         let indent = if streams { "            " } else { "        " };
         // The scalar body sits one level deeper inside the vector form's block.
         let body_indent = format!("{indent}{}", if vp.is_some() { "        " } else { "    " });
-        let body = pass_body(kernel, &passes, final_pass, &staged, &body_indent)?;
+        let body = pass_body_packed(kernel, &passes, final_pass, &staged, &packed, &body_indent)?;
         if !streams {
             let prefetch = next_row.as_ref().filter(|_| final_pass == 1);
             s.push_str(&inner_loop(

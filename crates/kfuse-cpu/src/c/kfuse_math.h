@@ -487,6 +487,46 @@ KF_INLINE kf_f64x16 kf_vmin_f64(kf_f64x16 a, kf_f64x16 b) {
     return kf_vpick_f64(a, b, (a < b) | ((a == b) & ((kf_i64x16)a >> 63)));
 }
 
+/* dst[o * dn + j] = src[j * sn + o] for o, j < 16: a 16 x 16 block of floats transposed in
+ * registers (tiled kernels pack a transposed operand's tile this way, c.rs). Four levels of
+ * block swaps: at level k, in every 2^(k+1)-square block, the upper-right and lower-left
+ * 2^k-square blocks trade places; 16 two-input shuffles per level. */
+#define KF_T_LO(k) {0 + ((0 >> (k)) & 1 ? 16 - (1 << (k)) : 0), 1 + ((1 >> (k)) & 1 ? 16 - (1 << (k)) : 0), \
+    2 + ((2 >> (k)) & 1 ? 16 - (1 << (k)) : 0), 3 + ((3 >> (k)) & 1 ? 16 - (1 << (k)) : 0),              \
+    4 + ((4 >> (k)) & 1 ? 16 - (1 << (k)) : 0), 5 + ((5 >> (k)) & 1 ? 16 - (1 << (k)) : 0),              \
+    6 + ((6 >> (k)) & 1 ? 16 - (1 << (k)) : 0), 7 + ((7 >> (k)) & 1 ? 16 - (1 << (k)) : 0),              \
+    8 + ((8 >> (k)) & 1 ? 16 - (1 << (k)) : 0), 9 + ((9 >> (k)) & 1 ? 16 - (1 << (k)) : 0),              \
+    10 + ((10 >> (k)) & 1 ? 16 - (1 << (k)) : 0), 11 + ((11 >> (k)) & 1 ? 16 - (1 << (k)) : 0),          \
+    12 + ((12 >> (k)) & 1 ? 16 - (1 << (k)) : 0), 13 + ((13 >> (k)) & 1 ? 16 - (1 << (k)) : 0),          \
+    14 + ((14 >> (k)) & 1 ? 16 - (1 << (k)) : 0), 15 + ((15 >> (k)) & 1 ? 16 - (1 << (k)) : 0)}
+#define KF_T_HI(k) {0 + ((0 >> (k)) & 1 ? 16 : (1 << (k))), 1 + ((1 >> (k)) & 1 ? 16 : (1 << (k))),      \
+    2 + ((2 >> (k)) & 1 ? 16 : (1 << (k))), 3 + ((3 >> (k)) & 1 ? 16 : (1 << (k))),                      \
+    4 + ((4 >> (k)) & 1 ? 16 : (1 << (k))), 5 + ((5 >> (k)) & 1 ? 16 : (1 << (k))),                      \
+    6 + ((6 >> (k)) & 1 ? 16 : (1 << (k))), 7 + ((7 >> (k)) & 1 ? 16 : (1 << (k))),                      \
+    8 + ((8 >> (k)) & 1 ? 16 : (1 << (k))), 9 + ((9 >> (k)) & 1 ? 16 : (1 << (k))),                      \
+    10 + ((10 >> (k)) & 1 ? 16 : (1 << (k))), 11 + ((11 >> (k)) & 1 ? 16 : (1 << (k))),                  \
+    12 + ((12 >> (k)) & 1 ? 16 : (1 << (k))), 13 + ((13 >> (k)) & 1 ? 16 : (1 << (k))),                  \
+    14 + ((14 >> (k)) & 1 ? 16 : (1 << (k))), 15 + ((15 >> (k)) & 1 ? 16 : (1 << (k)))}
+#define KF_T_LEVEL(k)                                                                          \
+    do {                                                                                       \
+        const kf_i32x16 lo = KF_T_LO(k), hi = KF_T_HI(k);                                      \
+        for (int i = 0; i < 16; i++)                                                           \
+            if (!((i >> (k)) & 1)) {                                                           \
+                kf_f32x16 a = r[i], b = r[i + (1 << (k))];                                     \
+                r[i] = __builtin_shuffle(a, b, lo);                                            \
+                r[i + (1 << (k))] = __builtin_shuffle(a, b, hi);                               \
+            }                                                                                  \
+    } while (0)
+KF_INLINE void kf_transpose16(const float *src, int64_t sn, float *dst, int64_t dn) {
+    kf_f32x16 r[16];
+    for (int i = 0; i < 16; i++) memcpy(&r[i], src + i * sn, 64);
+    KF_T_LEVEL(3);
+    KF_T_LEVEL(2);
+    KF_T_LEVEL(1);
+    KF_T_LEVEL(0);
+    for (int i = 0; i < 16; i++) memcpy(dst + i * dn, &r[i], 64);
+}
+
 /* ---- 16-lane elementwise math ----
  * Inner loops whose loads and stores are contiguous run on 16-lane values (c.rs, "vector
  * bodies"). Each kf_v* function computes, lane by lane, exactly what its scalar twin above
