@@ -377,8 +377,7 @@ fn explain_shows_kernels_bytes_and_boundaries() {
     assert!(text.contains("compares indices"), "{text}");
     assert!(!text.contains("tiles of"), "{text}");
 
-    // A transpose reads its operand across rows: the loops run in tiles, and explain says so
-    // (a 4 KiB row stride: the small inner tile).
+    // A transpose reads its operand across rows: the loops run in tiles, and explain says so.
     let program = dir.join("transpose.kf");
     std::fs::write(
         &program,
@@ -388,12 +387,12 @@ fn explain_shows_kernels_bytes_and_boundaries() {
     let o = kfuse(&["explain", program.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(
-        text.contains("; loops in tiles of 16 rows x 8 columns (an operand is read across rows)"),
+        text.contains("; loops in tiles of 16 rows x 32 columns (an operand is read across rows)"),
         "{text}"
     );
     let o = kfuse(&["explain", program.to_str().unwrap(), "--json"]);
     let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(doc["kernels"][0]["tiles"], serde_json::json!([16, 8]));
+    assert_eq!(doc["kernels"][0]["tiles"], serde_json::json!([16, 32]));
     std::fs::remove_dir_all(&dir).unwrap();
 
     let o = kfuse(&["explain", &example("two_outputs.kf"), "--json"]);

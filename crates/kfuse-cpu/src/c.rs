@@ -681,7 +681,7 @@ fn tiles(kernel: &Kernel, levels: &[Level], passes: usize, vector: bool) -> Opti
     if passes != 1 || vector || kernel.outer.is_empty() {
         return None;
     }
-    let strides = inner_strides(kernel, levels);
+    let strides = vector::coefficients(kernel, true, levels);
     let (mut strided, mut aliased) = (false, false);
     for (i, inst) in kernel.insts.iter().enumerate() {
         match inst.kind {
@@ -717,8 +717,8 @@ struct Packed {
 }
 
 fn packed_loads(kernel: &Kernel, levels: &[Level]) -> Vec<Packed> {
-    let inner = inner_strides(kernel, levels);
-    let outer = outer_strides(kernel);
+    let inner = vector::coefficients(kernel, true, levels);
+    let outer = vector::coefficients(kernel, false, levels);
     (0..kernel.insts.len())
         .filter_map(|k| {
             let inst = kernel.insts[k];
@@ -744,62 +744,6 @@ fn packed_loads(kernel: &Kernel, levels: &[Level]) -> Vec<Packed> {
         .collect()
 }
 
-/// The coefficient of the outer index in each index-valued instruction where it is affine in
-/// the outer index with a known coefficient (as [`inner_strides`]; the inner index: 0).
-fn outer_strides(kernel: &Kernel) -> Vec<Option<i64>> {
-    let mut coef: Vec<Option<i64>> = Vec::with_capacity(kernel.insts.len());
-    let constant = |id: InstId| match kernel.inst(id).kind {
-        InstKind::Const(bits) => Some(bits as i64),
-        _ => None,
-    };
-    for inst in &kernel.insts {
-        let c = match inst.kind {
-            InstKind::OuterIndex => Some(1),
-            InstKind::InnerIndex | InstKind::Const(_) => Some(0),
-            InstKind::Index(op, a, b) => match (op, coef[a.index()], coef[b.index()]) {
-                (IndexOp::Add, Some(x), Some(y)) => x.checked_add(y),
-                (IndexOp::Sub, Some(x), Some(y)) => x.checked_sub(y),
-                (IndexOp::Mul, Some(x), Some(0)) => constant(b).and_then(|k| x.checked_mul(k)),
-                (IndexOp::Mul, Some(0), Some(y)) => constant(a).and_then(|k| y.checked_mul(k)),
-                _ => None,
-            },
-            _ => None,
-        };
-        coef.push(c);
-    }
-    coef
-}
-
-/// The coefficient of the inner index in each index-valued instruction where it is affine in
-/// the inner index with a known coefficient (sums, differences and products with constants of
-/// such; outer-level values: 0).
-fn inner_strides(kernel: &Kernel, levels: &[Level]) -> Vec<Option<i64>> {
-    let mut coef: Vec<Option<i64>> = Vec::with_capacity(kernel.insts.len());
-    let constant = |id: InstId| match kernel.inst(id).kind {
-        InstKind::Const(bits) => Some(bits as i64),
-        _ => None,
-    };
-    for (i, inst) in kernel.insts.iter().enumerate() {
-        let c = if levels[i] == Level::Outer {
-            Some(0)
-        } else {
-            match inst.kind {
-                InstKind::InnerIndex => Some(1),
-                InstKind::Index(op, a, b) => match (op, coef[a.index()], coef[b.index()]) {
-                    (IndexOp::Add, Some(x), Some(y)) => x.checked_add(y),
-                    (IndexOp::Sub, Some(x), Some(y)) => x.checked_sub(y),
-                    (IndexOp::Mul, Some(x), Some(0)) => constant(b).and_then(|k| x.checked_mul(k)),
-                    (IndexOp::Mul, Some(0), Some(y)) => constant(a).and_then(|k| y.checked_mul(k)),
-                    _ => None,
-                },
-                _ => None,
-            }
-        };
-        coef.push(c);
-    }
-    coef
-}
-
 /// The tile of outer × inner iterations `kernel`'s loops run in, if they run in tiles (see
 /// [`tiles`]): for `kfuse explain`.
 pub fn tile_shape(kernel: &Kernel) -> Option<[usize; 2]> {
@@ -807,7 +751,15 @@ pub fn tile_shape(kernel: &Kernel) -> Option<[usize; 2]> {
     let (roots, inner_stores) = pass_roots(kernel, &levels);
     let passes = plan_passes(kernel, &levels, &roots);
     let vector = !inner_stores.is_empty() && vector_pass(kernel, &passes, roots.len() - 1).is_ok();
-    tiles(kernel, &levels, roots.len(), vector).map(|tj| [TILE_O, tj])
+    let tj = tiles(kernel, &levels, roots.len(), vector)?;
+    Some([
+        TILE_O,
+        if packed_loads(kernel, &levels).is_empty() {
+            tj
+        } else {
+            TILE_J
+        },
+    ])
 }
 
 /// Whether each pass of `kernel` over its inner space (its reductions in order, then the final

@@ -1054,6 +1054,38 @@ output \"shifted\" = %z
     }
 }
 
+/// The fused kernels `graph` lowers to under the cost policy.
+fn fused_kernels(graph: &Graph) -> Vec<kfuse_kernel::Kernel> {
+    let partition = kfuse_fusion::partition(graph, FusePolicy::Cost, &FixedCostModel::default());
+    kfuse_kernel::lower(graph, &partition)
+        .unwrap()
+        .steps
+        .into_iter()
+        .filter_map(|step| match step {
+            kfuse_kernel::Step::Kernel { kernel, .. } => Some(kernel),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Inputs for every input of `graph` (f32 or f64) from [`edgy_f32`]'s values, edge values
+/// included.
+fn edgy_inputs(graph: &Graph, seed: u64) -> Vec<(String, Array)> {
+    graph
+        .inputs()
+        .map(|(_, name, ty)| {
+            let values = edgy_f32(ty.shape.n_elems(), seed, true);
+            let dims = ty.shape.dims().to_vec();
+            let array = if ty.dtype == DType::F64 {
+                Array::from_vec(dims, values.iter().map(|&v| f64::from(v)).collect()).unwrap()
+            } else {
+                Array::from_vec(dims, values).unwrap()
+            };
+            (name.to_string(), array)
+        })
+        .collect()
+}
+
 /// Kernels that read an operand across the inner index with a stride of a line or more (a
 /// transpose, a permute) run in tiles of outer by inner iterations (`c.rs`, `tiles`): bit-exact
 /// at sizes that leave partial tiles on both axes, with 1 KiB-aliased strides (the small inner
@@ -1090,29 +1122,11 @@ output \"z\" = %z
     for (k, text) in programs.iter().enumerate() {
         let graph = parse_graph(text).unwrap();
         // The compiled kernel's C says whether it tiles.
-        let program = kfuse_kernel::lower(
-            &graph,
-            &kfuse_fusion::partition(&graph, FusePolicy::Cost, &FixedCostModel::default()),
-        )
-        .unwrap();
-        for step in &program.steps {
-            if let kfuse_kernel::Step::Kernel { kernel, .. } = step {
-                tiled += usize::from(kfuse_cpu::c::render(kernel).unwrap().contains("jt +="));
-            }
-        }
-        let inputs: Vec<(String, Array)> = graph
-            .inputs()
-            .map(|(_, name, ty)| {
-                let values = edgy_f32(ty.shape.n_elems(), 100 + k as u64, true);
-                let dims = ty.shape.dims().to_vec();
-                let array = if ty.dtype == DType::F64 {
-                    Array::from_vec(dims, values.iter().map(|&v| f64::from(v)).collect()).unwrap()
-                } else {
-                    Array::from_vec(dims, values).unwrap()
-                };
-                (name.to_string(), array)
-            })
-            .collect();
+        tiled += fused_kernels(&graph)
+            .iter()
+            .filter(|kernel| kfuse_cpu::c::render(kernel).unwrap().contains("jt +="))
+            .count();
+        let inputs = edgy_inputs(&graph, 100 + k as u64);
         check_strict(&graph, &inputs, &format!("program {k}:\n{text}"));
     }
     // Every program tiles but two: the one-row transpose (its strided read stays within one
@@ -1156,29 +1170,11 @@ output \"z\" = %z
 "
         );
         let graph = parse_graph(&text).unwrap();
-        let program = kfuse_kernel::lower(
-            &graph,
-            &kfuse_fusion::partition(&graph, FusePolicy::Cost, &FixedCostModel::default()),
-        )
-        .unwrap();
-        for step in &program.steps {
-            if let kfuse_kernel::Step::Kernel { kernel, .. } = step {
-                tiled += usize::from(kfuse_cpu::c::tile_shape(kernel).is_some());
-            }
-        }
-        let inputs: Vec<(String, Array)> = graph
-            .inputs()
-            .map(|(_, name, ty)| {
-                let values = edgy_f32(ty.shape.n_elems(), 7000 + k, true);
-                let dims = ty.shape.dims().to_vec();
-                let array = if ty.dtype == DType::F64 {
-                    Array::from_vec(dims, values.iter().map(|&v| f64::from(v)).collect()).unwrap()
-                } else {
-                    Array::from_vec(dims, values).unwrap()
-                };
-                (name.to_string(), array)
-            })
-            .collect();
+        tiled += fused_kernels(&graph)
+            .iter()
+            .filter(|kernel| kfuse_cpu::c::tile_shape(kernel).is_some())
+            .count();
+        let inputs = edgy_inputs(&graph, 7000 + k);
         check_strict(&graph, &inputs, &format!("random permute {k}:\n{text}"));
     }
     assert!(

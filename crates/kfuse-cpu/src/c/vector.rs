@@ -35,21 +35,35 @@ pub(super) const LANES: usize = 16;
 /// The coefficient of the inner index in each index-valued instruction, where it is affine
 /// with a known coefficient (outer-level values: 0).
 fn inner_coefficients(kernel: &Kernel, levels: &[Level]) -> Vec<Option<i64>> {
+    coefficients(kernel, true, levels)
+}
+
+/// The coefficient of a loop index (the inner one if `inner`, else the outer one) in each
+/// index-valued instruction, where it is affine in that index with a known coefficient: the
+/// index itself, sums, differences and products with constants of such, and any operation on
+/// values that do not vary with it (the other loop index and constants; with `inner`, every
+/// outer-level value). Other instructions: `None`.
+pub(super) fn coefficients(kernel: &Kernel, inner: bool, levels: &[Level]) -> Vec<Option<i64>> {
     let mut coef: Vec<Option<i64>> = Vec::with_capacity(kernel.insts.len());
+    let constant = |id: InstId| match kernel.inst(id).kind {
+        InstKind::Const(bits) => Some(bits as i64),
+        _ => None,
+    };
     for (i, inst) in kernel.insts.iter().enumerate() {
-        let c = if levels[i] == Level::Outer {
-            Some(0)
-        } else {
-            match inst.kind {
-                InstKind::InnerIndex => Some(1),
-                InstKind::Index(op, a, b) => match (op, coef[a.index()], coef[b.index()]) {
-                    (IndexOp::Add, Some(x), Some(y)) => x.checked_add(y),
-                    (IndexOp::Sub, Some(x), Some(y)) => x.checked_sub(y),
-                    (_, Some(0), Some(0)) => Some(0),
-                    _ => None,
-                },
+        let c = match inst.kind {
+            _ if inner && levels[i] == Level::Outer => Some(0),
+            InstKind::InnerIndex => Some(i64::from(inner)),
+            InstKind::OuterIndex => Some(i64::from(!inner)),
+            InstKind::Const(_) => Some(0),
+            InstKind::Index(op, a, b) => match (op, coef[a.index()], coef[b.index()]) {
+                (IndexOp::Add, Some(x), Some(y)) => x.checked_add(y),
+                (IndexOp::Sub, Some(x), Some(y)) => x.checked_sub(y),
+                (_, Some(0), Some(0)) => Some(0),
+                (IndexOp::Mul, Some(x), Some(0)) => constant(b).and_then(|k| x.checked_mul(k)),
+                (IndexOp::Mul, Some(0), Some(y)) => constant(a).and_then(|k| y.checked_mul(k)),
                 _ => None,
-            }
+            },
+            _ => None,
         };
         coef.push(c);
     }
