@@ -38,7 +38,8 @@ pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
     fn mul_add(self, a: Self, b: Self) -> Self;
     /// The IR's `gelu_tanh` of every element (sixteen lanes at a time for f32 with AVX-512).
     fn gelu_tanh_slice(values: &mut [Self]);
-    fn sigmoid(self) -> Self;
+    /// The IR's `sigmoid` of every element (sixteen lanes at a time for f32 with AVX-512).
+    fn sigmoid_slice(values: &mut [Self]);
     fn tanh(self) -> Self;
     /// The slice as f32, if `Self` is f32.
     fn f32s(values: &[Self]) -> Option<&[f32]>;
@@ -48,7 +49,7 @@ pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
 }
 
 macro_rules! real {
-    ($t:ty, $variant:ident, [$gelu_slice:expr, $sigmoid:path, $tanh:path], $f32s:expr, $f32s_mut:expr) => {
+    ($t:ty, $variant:ident, [$gelu_slice:expr, $sigmoid_slice:expr, $tanh:path], $f32s:expr, $f32s_mut:expr) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -78,9 +79,8 @@ macro_rules! real {
             fn gelu_tanh_slice(values: &mut [Self]) {
                 $gelu_slice(values)
             }
-            #[inline(always)]
-            fn sigmoid(self) -> Self {
-                $sigmoid(self)
+            fn sigmoid_slice(values: &mut [Self]) {
+                $sigmoid_slice(values)
             }
             #[inline(always)]
             fn tanh(self) -> Self {
@@ -114,7 +114,7 @@ real!(
     F32,
     [
         crate::simd::gelu_tanh_f32_slice,
-        kfuse_math::sigmoid_f32,
+        crate::simd::sigmoid_f32_slice,
         kfuse_math::tanh_f32
     ],
     Some,
@@ -127,7 +127,9 @@ real!(
         |values: &mut [f64]| values
             .iter_mut()
             .for_each(|v| *v = kfuse_math::gelu_tanh_f64(*v)),
-        kfuse_math::sigmoid_f64,
+        |values: &mut [f64]| values
+            .iter_mut()
+            .for_each(|v| *v = kfuse_math::sigmoid_f64(*v)),
         f64::tanh
     ],
     |_| None,
@@ -366,7 +368,11 @@ fn epilogue_into_body<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>) {
             biased_into(dst, src, tail, |v| v);
             T::gelu_tanh_slice(dst);
         }
-        Some(Activation::Sigmoid) => biased_into(dst, src, tail, T::sigmoid),
+        Some(Activation::Sigmoid) => {
+            // As GELU.
+            biased_into(dst, src, tail, |v| v);
+            T::sigmoid_slice(dst);
+        }
         Some(Activation::Tanh) => biased_into(dst, src, tail, T::tanh),
     }
 }
@@ -429,7 +435,12 @@ fn epilogue_body<T: Real>(values: &mut [T], tail: Tail<T>) {
             }
             T::gelu_tanh_slice(values);
         }
-        Some(Activation::Sigmoid) => biased(values, tail, T::sigmoid),
+        Some(Activation::Sigmoid) => {
+            if !matches!((tail.bias, tail.residual), (RowBias::None, None)) {
+                biased(values, tail, |v| v);
+            }
+            T::sigmoid_slice(values);
+        }
         Some(Activation::Tanh) => biased(values, tail, T::tanh),
     }
 }

@@ -24,6 +24,18 @@ pub(crate) fn gelu_tanh_f32_slice(values: &mut [f32]) {
     }
 }
 
+/// `values[i] = sigmoid_f32(values[i])` for every element.
+pub(crate) fn sigmoid_f32_slice(values: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has the features the function is compiled for.
+        return unsafe { x86::sigmoid_f32_slice(values) };
+    }
+    for v in values {
+        *v = kfuse_math::sigmoid_f32(*v);
+    }
+}
+
 /// Whether the CPU runs the AVX-512 (F and DQ) forms.
 #[cfg(target_arch = "x86_64")]
 fn avx512() -> bool {
@@ -114,6 +126,67 @@ mod x86 {
         _mm512_mask_mov_ps(v, minus_inf, _mm512_set1_ps(-0.0))
     }
 
+    /// `exp_f32` of sixteen lanes, in its order: the argument clamped to [-110, 89] by
+    /// comparisons (a NaN becomes -110 and is put back at the end), `k = round(x log2 e)`
+    /// (ties to even), `r = x - k ln2_hi - k ln2_lo`, the reduced exponential scaled by `2^k`
+    /// (`vscalefps`: the scalar form's two scalings, exact but for the last, round once).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn exp16(x: __m512) -> __m512 {
+        let c = _mm512_set1_ps;
+        let above = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, c(-110.0));
+        let xc = _mm512_mask_mov_ps(c(-110.0), above, x);
+        let below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(xc, c(89.0));
+        let xc = _mm512_mask_mov_ps(c(89.0), below, xc);
+        let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(xc, c(kfuse_math::LOG2_E_F32)),
+        );
+        let r = _mm512_sub_ps(
+            _mm512_sub_ps(xc, _mm512_mul_ps(k, c(kfuse_math::LN2_HI_F32))),
+            _mm512_mul_ps(k, c(kfuse_math::LN2_LO_F32)),
+        );
+        let v = _mm512_scalef_ps(exp_reduced(r), k);
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        _mm512_mask_mov_ps(v, nan, x)
+    }
+
+    /// `sigmoid_f32` of sixteen lanes: `e = exp(x >= 0 ? -x : x)`, then
+    /// `(x >= 0 ? 1 : e) / (1 + e)`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn sigmoid16(x: __m512) -> __m512 {
+        let c = _mm512_set1_ps;
+        let positive = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_setzero_ps());
+        let e = exp16(_mm512_mask_sub_ps(x, positive, _mm512_setzero_ps(), x));
+        let numerator = _mm512_mask_mov_ps(e, positive, c(1.0));
+        _mm512_div_ps(numerator, _mm512_add_ps(c(1.0), e))
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512 F and DQ.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub(super) unsafe fn sigmoid_f32_slice(values: &mut [f32]) {
+        let mut blocks = values.chunks_exact_mut(16);
+        for block in &mut blocks {
+            // SAFETY: the block holds sixteen f32; unaligned loads and stores.
+            unsafe {
+                let x = _mm512_loadu_ps(block.as_ptr());
+                _mm512_storeu_ps(block.as_mut_ptr(), sigmoid16(x));
+            }
+        }
+        let rest = blocks.into_remainder();
+        if !rest.is_empty() {
+            let mut lanes = [0.0f32; 16];
+            lanes[..rest.len()].copy_from_slice(rest);
+            // SAFETY: `lanes` holds sixteen f32.
+            unsafe {
+                let x = _mm512_loadu_ps(lanes.as_ptr());
+                _mm512_storeu_ps(lanes.as_mut_ptr(), sigmoid16(x));
+            }
+            rest.copy_from_slice(&lanes[..rest.len()]);
+        }
+    }
+
     /// One block of sixteen lanes through all three steps.
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq")]
@@ -181,18 +254,27 @@ mod tests {
     /// Every lane's bits against the scalar definition; NaN results agree when both are NaN
     /// (kfuse does not promise NaN payloads).
     fn check(inputs: &[f32]) {
+        check_against(
+            inputs,
+            gelu_tanh_f32_slice,
+            kfuse_math::gelu_tanh_f32,
+            "gelu_tanh",
+        );
+    }
+
+    fn check_against(inputs: &[f32], slice: fn(&mut [f32]), scalar: fn(f32) -> f32, name: &str) {
         let mut got = inputs.to_vec();
-        gelu_tanh_f32_slice(&mut got);
+        slice(&mut got);
         for (&x, &g) in inputs.iter().zip(&got) {
-            let want = kfuse_math::gelu_tanh_f32(x);
+            let want = scalar(x);
             if want.is_nan() {
-                assert!(g.is_nan(), "gelu_tanh({x:e}): {g:e} against NaN");
+                assert!(g.is_nan(), "{name}({x:e}): {g:e} against NaN");
                 continue;
             }
             assert_eq!(
                 g.to_bits(),
                 want.to_bits(),
-                "gelu_tanh({x:e} = {:#010x}): {g:e} against the scalar {want:e}",
+                "{name}({x:e} = {:#010x}): {g:e} against the scalar {want:e}",
                 x.to_bits()
             );
         }
@@ -238,5 +320,47 @@ mod tests {
             .map(|i| (i as f32 - (1 << 20) as f32) * (16.0 / (1 << 20) as f32))
             .collect();
         check(&dense);
+    }
+
+    #[test]
+    fn sigmoid_slice_matches_the_scalar_bits() {
+        let sigmoid = |inputs: &[f32]| {
+            check_against(
+                inputs,
+                sigmoid_f32_slice,
+                kfuse_math::sigmoid_f32,
+                "sigmoid",
+            );
+        };
+        let mut specials = vec![
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            f32::from_bits(0x8000_0001),
+            f32::MAX,
+            f32::MIN,
+        ];
+        // Around the clamps (x = 110, -89 and beyond) and the sign switch.
+        for centre in [
+            -110.0f32, -104.0, -89.0, -88.7, -20.0, -1.0, 0.0, 1.0, 20.0, 89.0, 110.0,
+        ] {
+            let bits = centre.to_bits();
+            for d in 0..64 {
+                specials.push(f32::from_bits(bits.wrapping_add(d)));
+                specials.push(f32::from_bits(bits.wrapping_sub(d)));
+            }
+        }
+        for len in 0..40 {
+            sigmoid(&specials[..len]);
+        }
+        sigmoid(&specials);
+        let patterns: Vec<f32> = (0..(1u64 << 22))
+            .map(|i| f32::from_bits((i * 1021) as u32))
+            .collect();
+        sigmoid(&patterns);
     }
 }

@@ -8,6 +8,11 @@
 const LOG2_E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_359_4; // 355/512, exact in 9 bits.
 const LN2_LO: f32 = -2.121_944_4e-4;
+/// `exp`'s reduction constants, for vectorized forms of it (kfuse-cpu's): `log2 e`, and `ln 2`
+/// split in a high part of few bits (so that `k * LN2_HI_F32` is exact) and the rest.
+pub const LOG2_E_F32: f32 = LOG2_E;
+pub const LN2_HI_F32: f32 = LN2_HI;
+pub const LN2_LO_F32: f32 = LN2_LO;
 /// Above this, `exp` overflows to infinity.
 #[cfg(test)]
 const EXP_MAX: f32 = 88.722_84;

@@ -26,6 +26,7 @@ mod trig;
 pub use erf::{erf_f32, erf_f64, erfc_f64_of_f32, gelu_f32, gelu_f64};
 pub use exp_log::{
     exp2_f32, exp_f32, exp_f32_of_f64, expm1_f32, log1p_f32, log2_f32, log_f32, EXP_POLY_F32,
+    LN2_HI_F32, LN2_LO_F32, LOG2_E_F32,
 };
 pub use rng::{normal_f32, normal_f64, philox4x32, uniform_f32, uniform_f64};
 pub use scalar::{
