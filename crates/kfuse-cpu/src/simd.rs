@@ -36,6 +36,18 @@ pub(crate) fn sigmoid_f32_slice(values: &mut [f32]) {
     }
 }
 
+/// `values[i] = tanh_f32(values[i])` for every element.
+pub(crate) fn tanh_f32_slice(values: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has the features the function is compiled for.
+        return unsafe { x86::tanh_f32_slice(values) };
+    }
+    for v in values {
+        *v = kfuse_math::tanh_f32(*v);
+    }
+}
+
 /// Whether the CPU runs the AVX-512 (F and DQ) forms.
 #[cfg(target_arch = "x86_64")]
 fn avx512() -> bool {
@@ -162,16 +174,50 @@ mod x86 {
         _mm512_div_ps(numerator, _mm512_add_ps(c(1.0), e))
     }
 
-    /// # Safety
-    /// The CPU must have AVX-512 F and DQ.
-    #[target_feature(enable = "avx512f,avx512dq")]
-    pub(super) unsafe fn sigmoid_f32_slice(values: &mut [f32]) {
+    /// `tanh_f32` of sixteen lanes, every branch computed and the lanes selected: `x` below
+    /// 2.44e-4 in magnitude; `x + x z p(z)` (`z = x^2`) below 0.625; else
+    /// `1 - 2 / (exp(2|x|) + 1)` (1 past 9) with `x`'s sign. A NaN fails every comparison and
+    /// takes the last branch, which keeps it NaN.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn tanh16(x: __m512) -> __m512 {
+        let c = _mm512_set1_ps;
+        let ax = _mm512_abs_ps(x);
+        let z = _mm512_mul_ps(x, x);
+        let [c0, rest @ ..] = kfuse_math::TANH_POLY_F32;
+        let mut p = c(c0);
+        for k in rest {
+            p = _mm512_add_ps(_mm512_mul_ps(p, z), c(k));
+        }
+        let small = _mm512_add_ps(x, _mm512_mul_ps(_mm512_mul_ps(x, z), p));
+        let e = exp16(_mm512_mul_ps(c(2.0), ax));
+        let t = _mm512_sub_ps(c(1.0), _mm512_div_ps(c(2.0), _mm512_add_ps(e, c(1.0))));
+        let saturated = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(ax, c(9.0));
+        let t = _mm512_mask_mov_ps(t, saturated, c(1.0));
+        // copysign(t, x): x's bit where the sign mask is set, t's elsewhere (0xD8 is the
+        // truth table of `c ? b : a` for operands a, b, c).
+        let sign = _mm512_set1_epi32(i32::MIN);
+        let large = _mm512_castsi512_ps(_mm512_ternarylogic_epi32::<0xD8>(
+            _mm512_castps_si512(t),
+            _mm512_castps_si512(x),
+            sign,
+        ));
+        let mid = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(ax, c(0.625));
+        let tiny = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(ax, c(2.44e-4));
+        let v = _mm512_mask_mov_ps(large, mid, small);
+        _mm512_mask_mov_ps(v, tiny, x)
+    }
+
+    /// `f` over `values`, sixteen lanes at a time, the last partial block through a buffer.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn each16(values: &mut [f32], f: impl Fn(__m512) -> __m512) {
         let mut blocks = values.chunks_exact_mut(16);
         for block in &mut blocks {
             // SAFETY: the block holds sixteen f32; unaligned loads and stores.
             unsafe {
                 let x = _mm512_loadu_ps(block.as_ptr());
-                _mm512_storeu_ps(block.as_mut_ptr(), sigmoid16(x));
+                _mm512_storeu_ps(block.as_mut_ptr(), f(x));
             }
         }
         let rest = blocks.into_remainder();
@@ -181,10 +227,24 @@ mod x86 {
             // SAFETY: `lanes` holds sixteen f32.
             unsafe {
                 let x = _mm512_loadu_ps(lanes.as_ptr());
-                _mm512_storeu_ps(lanes.as_mut_ptr(), sigmoid16(x));
+                _mm512_storeu_ps(lanes.as_mut_ptr(), f(x));
             }
             rest.copy_from_slice(&lanes[..rest.len()]);
         }
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512 F and DQ.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub(super) unsafe fn sigmoid_f32_slice(values: &mut [f32]) {
+        each16(values, |x| sigmoid16(x))
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512 F and DQ.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub(super) unsafe fn tanh_f32_slice(values: &mut [f32]) {
+        each16(values, |x| tanh16(x))
     }
 
     /// One block of sixteen lanes through all three steps.
@@ -362,5 +422,38 @@ mod tests {
             .map(|i| f32::from_bits((i * 1021) as u32))
             .collect();
         sigmoid(&patterns);
+    }
+
+    #[test]
+    fn tanh_slice_matches_the_scalar_bits() {
+        let tanh = |inputs: &[f32]| {
+            check_against(inputs, tanh_f32_slice, kfuse_math::tanh_f32, "tanh");
+        };
+        let mut specials = vec![
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+        ];
+        // Around every branch point, both signs.
+        for centre in [2.44e-4f32, 0.625, 9.0, 44.0, 1.0e-30] {
+            for sign in [1.0f32, -1.0] {
+                let bits = (sign * centre).to_bits();
+                for d in 0..64 {
+                    specials.push(f32::from_bits(bits.wrapping_add(d)));
+                    specials.push(f32::from_bits(bits.wrapping_sub(d)));
+                }
+            }
+        }
+        for len in 0..40 {
+            tanh(&specials[..len]);
+        }
+        tanh(&specials);
+        let patterns: Vec<f32> = (0..(1u64 << 22))
+            .map(|i| f32::from_bits((i * 1021) as u32))
+            .collect();
+        tanh(&patterns);
     }
 }

@@ -35,6 +35,16 @@ pub use scalar::{
 };
 pub use trig::{cos_f32, sin_f32};
 
+/// The coefficients of `tanh`'s odd polynomial below 0.625 (in `z = x^2`, highest degree
+/// first; `tanh x = x + x z p(z)`): vectorized forms of [`tanh_f32`] take them from here.
+pub const TANH_POLY_F32: [f32; 5] = [
+    -5.704_988_7e-3,
+    2.063_908_9e-2,
+    -5.373_971_6e-2,
+    1.333_144_2e-1,
+    -3.333_328_2e-1,
+];
+
 /// `tanh` for f32: odd polynomial below 0.625, `1 - 2 / (exp(2|x|) + 1)` above, ±1 past 9.
 #[inline]
 pub fn tanh_f32(x: f32) -> f32 {
@@ -48,10 +58,8 @@ pub fn tanh_f32(x: f32) -> f32 {
     }
     if ax < 0.625 {
         let z = x * x;
-        let p = (((-5.704_988_7e-3 * z + 2.063_908_9e-2) * z - 5.373_971_6e-2) * z
-            + 1.333_144_2e-1)
-            * z
-            - 3.333_328_2e-1;
+        let [c0, c1, c2, c3, c4] = TANH_POLY_F32;
+        let p = (((c0 * z + c1) * z + c2) * z + c3) * z + c4;
         return x + x * z * p;
     }
     let t = if ax > 9.0 {
