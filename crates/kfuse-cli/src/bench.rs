@@ -442,6 +442,9 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
     if only.is_empty() || only.iter().any(|o| o.starts_with("W6") || o == "W7") {
         report["convolutions"] = conv_workloads(&cache, runs, quick, as_json, only)?;
     }
+    if only.is_empty() || only.iter().any(|o| o == "activations") {
+        report["activations"] = activation_case(&cache, runs, quick, as_json)?;
+    }
     if only.is_empty() || only.iter().any(|o| o == "transpose") {
         report["transpose"] = transpose_case(&cache, runs, quick, as_json)?;
     }
@@ -531,6 +534,51 @@ fn cost_model_case(
     if !as_json {
         println!("\ncost model case (examples/expensive_broadcast.kf): greedy {} kernel(s) {:.2} ms; cost {} kernel(s) {:.2} ms",
             rows[0]["kernels"], rows[0]["ms"].as_f64().unwrap(), rows[1]["kernels"], rows[1]["ms"].as_f64().unwrap());
+    }
+    Ok(json!(rows))
+}
+
+/// W5a's dense layer with each activation the GEMM epilogues apply (relu, sigmoid, tanh,
+/// tanh-GELU), against the layer with its bias alone: what each activation adds to the GEMM.
+fn activation_case(
+    cache: &std::path::Path,
+    runs: usize,
+    quick: bool,
+    as_json: bool,
+) -> Result<serde_json::Value> {
+    let m = if quick { 64 } else { 1024 };
+    let (k, n) = (1024, 4096);
+    let layer = format!("%x = input() name=\"x\" : f32[{m}, {k}]\n%w = input() name=\"w\" : f32[{k}, {n}]\n%b = input() name=\"b\" : f32[{n}]\n%h = matmul(%x, %w)\n%hb = add(%h, %b)\n");
+    let activations = ["relu", "sigmoid", "tanh", "gelu_tanh"];
+    let mut programs = vec![layer.clone() + "output \"y\" = %hb\n"];
+    for act in activations {
+        programs.push(layer.clone() + &format!("%y = {act}(%hb)\noutput \"y\" = %y\n"));
+    }
+    let cases = programs
+        .iter()
+        .map(|p| prepare(p, &[], kfuse::FusePolicy::Cost, cache))
+        .collect::<Result<Vec<_>>>()?;
+    let ms = interleaved_ms(&cases, runs)?;
+    let mut rows = vec![json!({"activation": "none (bias)", "ms": ms[0], "ratio": 1.0})];
+    for (act, &t) in activations.iter().zip(&ms[1..]) {
+        rows.push(json!({"activation": act, "ms": t, "ratio": t / ms[0]}));
+    }
+    if !as_json {
+        let cells: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {:.2} ms ({:.3})",
+                    r["activation"].as_str().unwrap_or("?"),
+                    r["ms"].as_f64().unwrap_or(0.0),
+                    r["ratio"].as_f64().unwrap_or(0.0)
+                )
+            })
+            .collect();
+        println!(
+            "\nactivations (relu(x @ W + b) and the others, {m} x {k} x {n}): {}",
+            cells.join("; ")
+        );
     }
     Ok(json!(rows))
 }

@@ -102,7 +102,8 @@ enum Command {
         #[arg(long)]
         quick: bool,
         /// Only these workloads (W0, W1, W2a, W2b, W3, W4a, W4b, W5a, W5b, W6a, W6b, W7) and
-        /// extra cases (cost: the cost model's partial fusion; transpose: a fused transpose).
+        /// extra cases (cost: the cost model's partial fusion; transpose: a fused transpose;
+        /// activations: each GEMM epilogue activation against the bias alone).
         #[arg(value_name = "ID")]
         only: Vec<String>,
     },

@@ -593,4 +593,6 @@ fn bench_quick_reports_every_workload() {
         );
     }
     assert_eq!(report["cost_model_case"].as_array().unwrap().len(), 2);
+    assert_eq!(report["activations"].as_array().unwrap().len(), 5);
+    assert!(report["transpose"]["transpose_ms"].as_f64().unwrap() > 0.0);
 }
