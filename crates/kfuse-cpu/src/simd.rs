@@ -287,25 +287,7 @@ mod x86 {
                 }
             }
         }
-        let mut blocks = tiles.into_remainder().chunks_exact_mut(16);
-        for block in &mut blocks {
-            // SAFETY: the block holds sixteen f32; unaligned loads and stores.
-            unsafe {
-                let x = _mm512_loadu_ps(block.as_ptr());
-                _mm512_storeu_ps(block.as_mut_ptr(), gelu_tanh16(x));
-            }
-        }
-        let rest = blocks.into_remainder();
-        if !rest.is_empty() {
-            let mut lanes = [0.0f32; 16];
-            lanes[..rest.len()].copy_from_slice(rest);
-            // SAFETY: `lanes` holds sixteen f32.
-            unsafe {
-                let x = _mm512_loadu_ps(lanes.as_ptr());
-                _mm512_storeu_ps(lanes.as_mut_ptr(), gelu_tanh16(x));
-            }
-            rest.copy_from_slice(&lanes[..rest.len()]);
-        }
+        each16(tiles.into_remainder(), |x| gelu_tanh16(x));
     }
 }
 
@@ -315,16 +297,7 @@ mod tests {
 
     /// Every lane's bits against the scalar definition; NaN results agree when both are NaN
     /// (kfuse does not promise NaN payloads).
-    fn check(inputs: &[f32]) {
-        check_against(
-            inputs,
-            gelu_tanh_f32_slice,
-            kfuse_math::gelu_tanh_f32,
-            "gelu_tanh",
-        );
-    }
-
-    fn check_against(inputs: &[f32], slice: fn(&mut [f32]), scalar: fn(f32) -> f32, name: &str) {
+    fn check(inputs: &[f32], slice: fn(&mut [f32]), scalar: fn(f32) -> f32, name: &str) {
         let mut got = inputs.to_vec();
         slice(&mut got);
         for (&x, &g) in inputs.iter().zip(&got) {
@@ -342,8 +315,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn gelu_tanh_slice_matches_the_scalar_bits() {
+    /// [`check`] on the special values, 64 ULPs either side of each of `centres` (the branch
+    /// points), every length up to 40 (the remainder paths), and a stride through all bit
+    /// patterns (every sign and exponent, many mantissas).
+    fn sweep(slice: fn(&mut [f32]), scalar: fn(f32) -> f32, name: &str, centres: &[f32]) {
         let mut specials = vec![
             0.0,
             -0.0,
@@ -359,103 +334,55 @@ mod tests {
             f32::MAX,
             f32::MIN,
         ];
-        // Around the points where the exponential dies (|2u| = 746) and the branches meet.
-        for centre in [-12.0f32, -11.5, -10.0, -5.0, -1.0, 0.0, 1.0, 5.0, 10.0] {
+        for centre in centres {
             let bits = centre.to_bits();
             for d in 0..64 {
                 specials.push(f32::from_bits(bits.wrapping_add(d)));
                 specials.push(f32::from_bits(bits.wrapping_sub(d)));
             }
         }
-        check(&specials);
-        // Every length's remainder path.
+        check(&specials, slice, scalar, name);
         for len in 0..40 {
-            check(&specials[..len]);
+            check(&specials[..len], slice, scalar, name);
         }
-        // A stride through all bit patterns (every sign and exponent, many mantissas).
         let patterns: Vec<f32> = (0..(1u64 << 22))
             .map(|i| f32::from_bits((i * 1021) as u32))
             .collect();
-        check(&patterns);
+        check(&patterns, slice, scalar, name);
+    }
+
+    #[test]
+    fn gelu_tanh_slice_matches_the_scalar_bits() {
+        let (slice, scalar) = (gelu_tanh_f32_slice, kfuse_math::gelu_tanh_f32);
+        // Where the exponential dies (|2u| = 746) and the branches meet.
+        let centres = [-12.0, -11.5, -10.0, -5.0, -1.0, 0.0, 1.0, 5.0, 10.0];
+        sweep(slice, scalar, "gelu_tanh", &centres);
         // Dense coverage of the working range.
         let dense: Vec<f32> = (0..(1 << 21))
             .map(|i| (i as f32 - (1 << 20) as f32) * (16.0 / (1 << 20) as f32))
             .collect();
-        check(&dense);
+        check(&dense, slice, scalar, "gelu_tanh");
     }
 
     #[test]
     fn sigmoid_slice_matches_the_scalar_bits() {
-        let sigmoid = |inputs: &[f32]| {
-            check_against(
-                inputs,
-                sigmoid_f32_slice,
-                kfuse_math::sigmoid_f32,
-                "sigmoid",
-            );
-        };
-        let mut specials = vec![
-            0.0,
-            -0.0,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-            f32::MIN_POSITIVE,
-            f32::from_bits(1),
-            f32::from_bits(0x8000_0001),
-            f32::MAX,
-            f32::MIN,
+        // The exponential's clamps (its argument is -|x|) and the sign switch.
+        let centres = [
+            -110.0, -104.0, -89.0, -88.7, -20.0, -1.0, 0.0, 1.0, 20.0, 89.0, 110.0,
         ];
-        // Around the clamps (x = 110, -89 and beyond) and the sign switch.
-        for centre in [
-            -110.0f32, -104.0, -89.0, -88.7, -20.0, -1.0, 0.0, 1.0, 20.0, 89.0, 110.0,
-        ] {
-            let bits = centre.to_bits();
-            for d in 0..64 {
-                specials.push(f32::from_bits(bits.wrapping_add(d)));
-                specials.push(f32::from_bits(bits.wrapping_sub(d)));
-            }
-        }
-        for len in 0..40 {
-            sigmoid(&specials[..len]);
-        }
-        sigmoid(&specials);
-        let patterns: Vec<f32> = (0..(1u64 << 22))
-            .map(|i| f32::from_bits((i * 1021) as u32))
-            .collect();
-        sigmoid(&patterns);
+        sweep(
+            sigmoid_f32_slice,
+            kfuse_math::sigmoid_f32,
+            "sigmoid",
+            &centres,
+        );
     }
 
     #[test]
     fn tanh_slice_matches_the_scalar_bits() {
-        let tanh = |inputs: &[f32]| {
-            check_against(inputs, tanh_f32_slice, kfuse_math::tanh_f32, "tanh");
-        };
-        let mut specials = vec![
-            0.0,
-            -0.0,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-            -f32::NAN,
-        ];
-        // Around every branch point, both signs.
-        for centre in [2.44e-4f32, 0.625, 9.0, 44.0, 1.0e-30] {
-            for sign in [1.0f32, -1.0] {
-                let bits = (sign * centre).to_bits();
-                for d in 0..64 {
-                    specials.push(f32::from_bits(bits.wrapping_add(d)));
-                    specials.push(f32::from_bits(bits.wrapping_sub(d)));
-                }
-            }
-        }
-        for len in 0..40 {
-            tanh(&specials[..len]);
-        }
-        tanh(&specials);
-        let patterns: Vec<f32> = (0..(1u64 << 22))
-            .map(|i| f32::from_bits((i * 1021) as u32))
-            .collect();
-        tanh(&patterns);
+        // Every branch point, both signs.
+        let centres = [2.44e-4, 0.625, 9.0, 44.0, 1.0e-30];
+        let both: Vec<f32> = centres.iter().flat_map(|&c| [c, -c]).collect();
+        sweep(tanh_f32_slice, kfuse_math::tanh_f32, "tanh", &both);
     }
 }
