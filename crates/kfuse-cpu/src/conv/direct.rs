@@ -166,6 +166,25 @@ fn conv_same_width(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
             r0.saturating_sub(pt),
             (r0 + ph).saturating_sub(pt).min(in_h),
         );
+        // Per block of QB positions and tap: which lanes of the block's vectors the tap may
+        // read (the same for every group and channel).
+        let masks: Vec<[u16; NV]> = (0..valid)
+            .step_by(QB)
+            .flat_map(|qb| {
+                shifts.iter().map(move |&(di, dj)| {
+                    std::array::from_fn(|v| {
+                        (0..16).fold(0u16, |m, l| {
+                            let q = qb + 16 * v + l;
+                            let (r, x) = ((r0 + q / ow) as isize + di, (q % ow) as isize + dj);
+                            let inside = q < valid
+                                && (0..in_h as isize).contains(&r)
+                                && (0..in_w as isize).contains(&x);
+                            m | (u16::from(inside) << l)
+                        })
+                    })
+                })
+            })
+            .collect();
         with_scratch(cg * plane, |xb: &mut [f32]| {
             for group in 0..g.groups {
                 if lo < hi {
@@ -186,28 +205,11 @@ fn conv_same_width(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                 let bias = in_registers.bias.map(|b| &b[group * og..][..og]);
                 let relu = in_registers.act == Some(Activation::Relu);
                 for qb in (0..valid).step_by(QB) {
-                    // Which lanes of the block's vectors each tap may read.
-                    let masks: Vec<[u16; NV]> = shifts
-                        .iter()
-                        .map(|&(di, dj)| {
-                            std::array::from_fn(|v| {
-                                (0..16).fold(0u16, |m, l| {
-                                    let q = qb + 16 * v + l;
-                                    let (r, x) =
-                                        ((r0 + q / ow) as isize + di, (q % ow) as isize + dj);
-                                    let inside = q < valid
-                                        && (0..in_h as isize).contains(&r)
-                                        && (0..in_w as isize).contains(&x);
-                                    m | (u16::from(inside) << l)
-                                })
-                            })
-                        })
-                        .collect();
                     let taps = Taps {
                         x: xb.as_ptr().wrapping_add(qb),
                         plane,
                         offsets: &offsets,
-                        masks: &masks,
+                        masks: &masks[qb / QB * shifts.len()..][..shifts.len()],
                     };
                     for b in 0..og.div_ceil(OB) {
                         let finish = Finish {
