@@ -665,7 +665,8 @@ const TILE_O: usize = 16;
 /// 1000 × 1000, read directly: inner tile 8: 11.8–14.0 / 0.25–0.29; 16: 13.6–18.1 /
 /// 0.21–0.22; 32: 20.9–21.0 / 0.17–0.19 (row by row: 54.6 / 0.35; a plain add: 2.8 / 0.05);
 /// transposed in registers with prefetch: 10.2–12.6 / 0.19–0.21 (scalar packing without
-/// prefetch: 14–17). Outer tiles of 32 measured no better than 16.
+/// prefetch: 14–17), and with the rows' contiguous lines prefetched too ([`row_prefetches`]):
+/// 7.2–8.4 at 4096. Outer tiles of 32 measured no better than 16.
 const TILE_J: usize = 32;
 const TILE_J_ALIASED: usize = 8;
 
@@ -701,6 +702,30 @@ fn tiles(kernel: &Kernel, levels: &[Level], passes: usize, vector: bool) -> Opti
         }
     }
     strided.then_some(if aliased { TILE_J_ALIASED } else { TILE_J })
+}
+
+/// Prefetches, for row `o` of a tiled kernel, of the next tile's lines (`jt + tj` on) of each
+/// inner-level load and store that is contiguous along the inner index (stores for writing).
+fn row_prefetches(kernel: &Kernel, levels: &[Level], tj: usize) -> String {
+    let inner = vector::coefficients(kernel, true, levels);
+    let mut s = String::new();
+    for (k, inst) in kernel.insts.iter().enumerate() {
+        let (arg, offset, write) = match inst.kind {
+            InstKind::Load { arg, offset } => (arg, offset, 0),
+            InstKind::Store { arg, offset, .. } => (arg, offset, 1),
+            _ => continue,
+        };
+        if levels[k] != Level::Inner || inner[offset.index()] != Some(1) {
+            continue;
+        }
+        let line = 64 / kernel.args[arg as usize].ty.dtype.size_bytes().max(1);
+        for at in (tj..2 * tj).step_by(line) {
+            if let Some(e) = vector::index_expr(kernel, offset, "o", &format!("(jt + {at})")) {
+                writeln!(s, "        __builtin_prefetch(a{arg} + {e}, {write}, 3);").unwrap();
+            }
+        }
+    }
+    s
 }
 
 /// A strided f32 load of a tiled kernel whose tiles are transposed into a buffer first
@@ -1042,6 +1067,12 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         // The scalar body sits one level deeper inside the vector form's block.
         let body_indent = format!("{indent}{}", if vp.is_some() { "        " } else { "    " });
         let body = pass_body_packed(kernel, &passes, final_pass, &staged, &packed, &body_indent)?;
+        if let Some(tj) = tiled {
+            // The next tile's lines of every contiguous operand and output of this row: 16
+            // rows advancing a few lines per tile are more streams than the hardware
+            // prefetcher follows.
+            s.push_str(&row_prefetches(kernel, &levels, tj));
+        }
         if !streams {
             let prefetch = next_row.as_ref().filter(|_| final_pass == 1);
             s.push_str(&inner_loop(
