@@ -491,30 +491,25 @@ KF_INLINE kf_f64x16 kf_vmin_f64(kf_f64x16 a, kf_f64x16 b) {
  * registers (tiled kernels pack a transposed operand's tile this way, c.rs). Four levels of
  * block swaps: at level k, in every 2^(k+1)-square block, the upper-right and lower-left
  * 2^k-square blocks trade places; 16 two-input shuffles per level. */
-#define KF_T_LO(k) {0 + ((0 >> (k)) & 1 ? 16 - (1 << (k)) : 0), 1 + ((1 >> (k)) & 1 ? 16 - (1 << (k)) : 0), \
-    2 + ((2 >> (k)) & 1 ? 16 - (1 << (k)) : 0), 3 + ((3 >> (k)) & 1 ? 16 - (1 << (k)) : 0),              \
-    4 + ((4 >> (k)) & 1 ? 16 - (1 << (k)) : 0), 5 + ((5 >> (k)) & 1 ? 16 - (1 << (k)) : 0),              \
-    6 + ((6 >> (k)) & 1 ? 16 - (1 << (k)) : 0), 7 + ((7 >> (k)) & 1 ? 16 - (1 << (k)) : 0),              \
-    8 + ((8 >> (k)) & 1 ? 16 - (1 << (k)) : 0), 9 + ((9 >> (k)) & 1 ? 16 - (1 << (k)) : 0),              \
-    10 + ((10 >> (k)) & 1 ? 16 - (1 << (k)) : 0), 11 + ((11 >> (k)) & 1 ? 16 - (1 << (k)) : 0),          \
-    12 + ((12 >> (k)) & 1 ? 16 - (1 << (k)) : 0), 13 + ((13 >> (k)) & 1 ? 16 - (1 << (k)) : 0),          \
-    14 + ((14 >> (k)) & 1 ? 16 - (1 << (k)) : 0), 15 + ((15 >> (k)) & 1 ? 16 - (1 << (k)) : 0)}
-#define KF_T_HI(k) {0 + ((0 >> (k)) & 1 ? 16 : (1 << (k))), 1 + ((1 >> (k)) & 1 ? 16 : (1 << (k))),      \
-    2 + ((2 >> (k)) & 1 ? 16 : (1 << (k))), 3 + ((3 >> (k)) & 1 ? 16 : (1 << (k))),                      \
-    4 + ((4 >> (k)) & 1 ? 16 : (1 << (k))), 5 + ((5 >> (k)) & 1 ? 16 : (1 << (k))),                      \
-    6 + ((6 >> (k)) & 1 ? 16 : (1 << (k))), 7 + ((7 >> (k)) & 1 ? 16 : (1 << (k))),                      \
-    8 + ((8 >> (k)) & 1 ? 16 : (1 << (k))), 9 + ((9 >> (k)) & 1 ? 16 : (1 << (k))),                      \
-    10 + ((10 >> (k)) & 1 ? 16 : (1 << (k))), 11 + ((11 >> (k)) & 1 ? 16 : (1 << (k))),                  \
-    12 + ((12 >> (k)) & 1 ? 16 : (1 << (k))), 13 + ((13 >> (k)) & 1 ? 16 : (1 << (k))),                  \
-    14 + ((14 >> (k)) & 1 ? 16 : (1 << (k))), 15 + ((15 >> (k)) & 1 ? 16 : (1 << (k)))}
+#define KF_T_LO_1(k, l) (l) + (((l) >> (k)) & 1 ? 16 - (1 << (k)) : 0)
+#define KF_T_HI_1(k, l) (l) + (((l) >> (k)) & 1 ? 16 : (1 << (k)))
+#define KF_T_16(f, k)                                                                          \
+    f(k, 0), f(k, 1), f(k, 2), f(k, 3), f(k, 4), f(k, 5), f(k, 6), f(k, 7), f(k, 8), f(k, 9),   \
+        f(k, 10), f(k, 11), f(k, 12), f(k, 13), f(k, 14), f(k, 15)
+/* Two-input shuffles with constant indices: __builtin_shufflevector where the compiler has it
+ * (clang, GCC 12 and later), GCC's __builtin_shuffle with a mask vector before that. */
+#if defined(__clang__) || __GNUC__ >= 12
+#define KF_T_SHUFFLE(a, b, f, k) __builtin_shufflevector(a, b, KF_T_16(f, k))
+#else
+#define KF_T_SHUFFLE(a, b, f, k) __builtin_shuffle(a, b, (kf_i32x16){KF_T_16(f, k)})
+#endif
 #define KF_T_LEVEL(k)                                                                          \
     do {                                                                                       \
-        const kf_i32x16 lo = KF_T_LO(k), hi = KF_T_HI(k);                                      \
         for (int i = 0; i < 16; i++)                                                           \
             if (!((i >> (k)) & 1)) {                                                           \
                 kf_f32x16 a = r[i], b = r[i + (1 << (k))];                                     \
-                r[i] = __builtin_shuffle(a, b, lo);                                            \
-                r[i + (1 << (k))] = __builtin_shuffle(a, b, hi);                               \
+                r[i] = KF_T_SHUFFLE(a, b, KF_T_LO_1, k);                                       \
+                r[i + (1 << (k))] = KF_T_SHUFFLE(a, b, KF_T_HI_1, k);                          \
             }                                                                                  \
     } while (0)
 KF_INLINE void kf_transpose16(const float *src, int64_t sn, float *dst, int64_t dn) {
