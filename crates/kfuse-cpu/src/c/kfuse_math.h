@@ -556,26 +556,62 @@ KF_INLINE kf_f32x16 kf_vlog_tail(kf_f32x16 f) { return f * (f * f) * KF_LOG_POLY
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #define KF_VECTOR_ISA "avx512"
 typedef unsigned short kf_m16;
+/* The AVX-512 instructions the 16-lane forms use, one macro each: GCC's builtins (no
+ * <immintrin.h>, which costs GCC compile time), or clang's intrinsics, whose builtins have
+ * other names and signatures. */
+#if defined(__clang__)
+#include <immintrin.h>
+#define KF_ROUNDSCALE(x, imm) ((kf_f32x16)_mm512_roundscale_ps((__m512)(x), imm))
+#define KF_SQRT(x) ((kf_f32x16)_mm512_sqrt_ps((__m512)(x)))
+#define KF_MAX(a, b) ((kf_f32x16)_mm512_max_ps((__m512)(a), (__m512)(b)))
+#define KF_MIN(a, b) ((kf_f32x16)_mm512_min_ps((__m512)(a), (__m512)(b)))
+#define KF_CMP(a, b, pred) ((kf_m16)_mm512_cmp_ps_mask((__m512)(a), (__m512)(b), pred))
+#define KF_MASK_ADD(src, m, a, b) \
+    ((kf_f32x16)_mm512_mask_add_ps((__m512)(src), m, (__m512)(a), (__m512)(b)))
+#define KF_MASK_MUL(src, m, a, b) \
+    ((kf_f32x16)_mm512_mask_mul_ps((__m512)(src), m, (__m512)(a), (__m512)(b)))
+#define KF_RANGE(a, b, imm) ((kf_f32x16)_mm512_range_ps((__m512)(a), (__m512)(b), imm))
+#define KF_SCALEF(a, b) ((kf_f32x16)_mm512_scalef_ps((__m512)(a), (__m512)(b)))
+#define KF_GETEXP(x) ((kf_f32x16)_mm512_getexp_ps((__m512)(x)))
+#define KF_GETMANT(x) ((kf_f32x16)_mm512_getmant_ps((__m512)(x), _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src))
+#define KF_FIXUPIMM(a, b, table) \
+    ((kf_f32x16)_mm512_fixupimm_ps((__m512)(a), (__m512)(b), (__m512i)(table), 0))
+#define KF_STREAM_PS(d, v) _mm512_stream_ps(d, (__m512)(v))
+#else
 #define KF_ALL ((kf_m16)-1)
 #define KF_CUR 4 /* _MM_FROUND_CUR_DIRECTION */
-KF_INLINE kf_f32x16 kf_vrint(kf_f32x16 x) { return __builtin_ia32_rndscaleps_mask(x, 0x08, x, KF_ALL, KF_CUR); }
-KF_INLINE kf_f32x16 kf_vfloor(kf_f32x16 x) { return __builtin_ia32_rndscaleps_mask(x, 0x09, x, KF_ALL, KF_CUR); }
-KF_INLINE kf_f32x16 kf_vceil(kf_f32x16 x) { return __builtin_ia32_rndscaleps_mask(x, 0x0a, x, KF_ALL, KF_CUR); }
-KF_INLINE kf_f32x16 kf_vsqrt(kf_f32x16 x) { return __builtin_ia32_sqrtps512_mask(x, x, KF_ALL, KF_CUR); }
+#define KF_ROUNDSCALE(x, imm) __builtin_ia32_rndscaleps_mask(x, imm, x, KF_ALL, KF_CUR)
+#define KF_SQRT(x) __builtin_ia32_sqrtps512_mask(x, x, KF_ALL, KF_CUR)
+#define KF_MAX(a, b) __builtin_ia32_maxps512_mask(a, b, a, KF_ALL, KF_CUR)
+#define KF_MIN(a, b) __builtin_ia32_minps512_mask(a, b, a, KF_ALL, KF_CUR)
+#define KF_CMP(a, b, pred) __builtin_ia32_cmpps512_mask(a, b, pred, KF_ALL, KF_CUR)
+#define KF_MASK_ADD(src, m, a, b) __builtin_ia32_addps512_mask(a, b, src, m, KF_CUR)
+#define KF_MASK_MUL(src, m, a, b) __builtin_ia32_mulps512_mask(a, b, src, m, KF_CUR)
+#define KF_RANGE(a, b, imm) __builtin_ia32_rangeps512_mask(a, b, imm, a, KF_ALL, KF_CUR)
+#define KF_SCALEF(a, b) __builtin_ia32_scalefps512_mask(a, b, a, KF_ALL, KF_CUR)
+#define KF_GETEXP(x) __builtin_ia32_getexpps512_mask(x, x, KF_ALL, KF_CUR)
+#define KF_GETMANT(x) __builtin_ia32_getmantps512_mask(x, 0, x, KF_ALL, KF_CUR)
+#define KF_FIXUPIMM(a, b, table) __builtin_ia32_fixupimmps512_mask(a, b, table, 0, KF_ALL, KF_CUR)
+#define KF_STREAM_PS(d, v) __builtin_ia32_movntps512(d, v)
+#endif
+KF_INLINE kf_f32x16 kf_vrint(kf_f32x16 x) { return KF_ROUNDSCALE(x, 0x08); }
+KF_INLINE kf_f32x16 kf_vfloor(kf_f32x16 x) { return KF_ROUNDSCALE(x, 0x09); }
+KF_INLINE kf_f32x16 kf_vceil(kf_f32x16 x) { return KF_ROUNDSCALE(x, 0x0a); }
+KF_INLINE kf_f32x16 kf_vsqrt(kf_f32x16 x) { return KF_SQRT(x); }
 /* max(a, b) of vmaxps: b when either is NaN. */
-KF_INLINE kf_f32x16 kf_vmaxps(kf_f32x16 a, kf_f32x16 b) { return __builtin_ia32_maxps512_mask(a, b, a, KF_ALL, KF_CUR); }
-KF_INLINE kf_f32x16 kf_vminps(kf_f32x16 a, kf_f32x16 b) { return __builtin_ia32_minps512_mask(a, b, a, KF_ALL, KF_CUR); }
+KF_INLINE kf_f32x16 kf_vmaxps(kf_f32x16 a, kf_f32x16 b) { return KF_MAX(a, b); }
+KF_INLINE kf_f32x16 kf_vminps(kf_f32x16 a, kf_f32x16 b) { return KF_MIN(a, b); }
 /* kf_maximum / kf_minimum: vrangeps orders -0 below +0; where either operand is NaN (which
  * vrangeps would pass over), a + b puts a NaN in place. */
 KF_INLINE kf_f32x16 kf_vnan_either(kf_f32x16 a, kf_f32x16 b, kf_f32x16 r) {
-    kf_m16 nan = __builtin_ia32_cmpps512_mask(a, b, 0x3, KF_ALL, KF_CUR);
-    return __builtin_ia32_addps512_mask(a, b, r, nan, KF_CUR);
+    kf_m16 nan = KF_CMP(a, b, 0x3);
+    return KF_MASK_ADD(r, nan, a, b);
 }
 KF_INLINE kf_f32x16 kf_vmaximum(kf_f32x16 a, kf_f32x16 b) {
-    return kf_vnan_either(a, b, __builtin_ia32_rangeps512_mask(a, b, 0x5, a, KF_ALL, KF_CUR));
+    return kf_vnan_either(a, b, KF_RANGE(a, b, 0x5));
 }
 KF_INLINE kf_f32x16 kf_vminimum(kf_f32x16 a, kf_f32x16 b) {
-    return kf_vnan_either(a, b, __builtin_ia32_rangeps512_mask(a, b, 0x4, a, KF_ALL, KF_CUR));
+    return kf_vnan_either(a, b, KF_RANGE(a, b, 0x4));
 }
 /* kf_maximum(x, 0.0f): vmaxps gives x where x is NaN (its second operand), 0 where x < 0, and
  * x (with its sign) where x is a zero; adding +0 turns -0 into +0 and changes nothing else. One
@@ -586,33 +622,33 @@ KF_INLINE kf_f32x16 kf_vexp(kf_f32x16 x) {
     kf_f32x16 xc = kf_vminps(kf_vsplat(89.0f), kf_vmaxps(kf_vsplat(-110.0f), x));
     kf_f32x16 k = kf_vrint(xc * KF_LOG2_E);
     kf_f32x16 r = xc - k * KF_LN2_HI - k * KF_LN2_LO;
-    return __builtin_ia32_scalefps512_mask(kf_vexp_reduced(r), k, r, KF_ALL, KF_CUR);
+    return KF_SCALEF(kf_vexp_reduced(r), k);
 }
 KF_INLINE kf_f32x16 kf_vexp2(kf_f32x16 x) {
     kf_f32x16 xc = kf_vminps(kf_vsplat(129.0f), kf_vmaxps(kf_vsplat(-160.0f), x));
     kf_f32x16 k = kf_vrint(xc);
     kf_f32x16 f = xc - k;
     kf_f32x16 r = f * KF_LN2_HI + f * KF_LN2_LO;
-    return __builtin_ia32_scalefps512_mask(kf_vexp_reduced(r), k, r, KF_ALL, KF_CUR);
+    return KF_SCALEF(kf_vexp_reduced(r), k);
 }
 /* x = (1 + f) 2^e as kf_split_log; then the special results of kf_log_special. */
 KF_INLINE void kf_vsplit_log(kf_f32x16 x, kf_f32x16 *e_out, kf_f32x16 *f_out) {
-    kf_f32x16 e = __builtin_ia32_getexpps512_mask(x, x, KF_ALL, KF_CUR);
-    kf_f32x16 m = __builtin_ia32_getmantps512_mask(x, 0, x, KF_ALL, KF_CUR);
-    kf_m16 big = __builtin_ia32_cmpps512_mask(m, kf_vsplat(2.0f * KF_SQRT_HALF), 0x1e, KF_ALL, KF_CUR);
-    *f_out = __builtin_ia32_mulps512_mask(m, kf_vsplat(0.5f), m, big, KF_CUR) - 1.0f;
-    *e_out = __builtin_ia32_addps512_mask(e, kf_vsplat(1.0f), e, big, KF_CUR);
+    kf_f32x16 e = KF_GETEXP(x);
+    kf_f32x16 m = KF_GETMANT(x);
+    kf_m16 big = KF_CMP(m, kf_vsplat(2.0f * KF_SQRT_HALF), 0x1e);
+    *f_out = KF_MASK_MUL(m, big, m, kf_vsplat(0.5f)) - 1.0f;
+    *e_out = KF_MASK_ADD(e, big, e, kf_vsplat(1.0f));
 }
 KF_INLINE kf_f32x16 kf_vlog_special(kf_f32x16 x, kf_f32x16 v) {
     /* Per input class, 4 bits: QNaN, SNaN -> QNaN(x); 0 -> -inf; 1 -> v; -inf -> NaN;
      * +inf -> +inf; negative -> NaN; positive -> v. */
-    return __builtin_ia32_fixupimmps512_mask(v, x, (kf_i32x16){} + (int32_t)0x03530422, 0, KF_ALL, KF_CUR);
+    return KF_FIXUPIMM(v, x, (kf_i32x16){} + (int32_t)0x03530422);
 }
 /* A non-temporal store of 16 lanes where d is line-aligned (the whole line is written at once,
  * so no partial write-combining flush), an ordinary store elsewhere. */
 KF_INLINE void kf_vstore_nt(float *d, kf_f32x16 v) {
     if (((uintptr_t)d & 63) == 0)
-        __builtin_ia32_movntps512(d, v);
+        KF_STREAM_PS(d, v);
     else
         memcpy(d, &v, 64);
 }
