@@ -596,3 +596,83 @@ fn bench_quick_reports_every_workload() {
     assert_eq!(report["activations"].as_array().unwrap().len(), 5);
     assert!(report["transpose"]["transpose_ms"].as_f64().unwrap() > 0.0);
 }
+
+/// The first clang on `PATH`, if any.
+fn clang() -> Option<String> {
+    [
+        "clang", "clang-19", "clang-18", "clang-17", "clang-16", "clang-15", "clang-14",
+    ]
+    .iter()
+    .find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+    .map(|c| c.to_string())
+}
+
+/// Kernels compile with clang too (`CC`), through the same `kfuse_math.h` (GCC builtins or
+/// clang intrinsics), and strict results equal the reference interpreter's bit for bit:
+/// transcendentals in 16-lane bodies, relu, a row reduction, a fused transpose in tiles.
+/// Skipped, saying so, where no clang is installed.
+#[test]
+fn kernels_compile_with_clang_and_stay_bit_exact() {
+    let Some(cc) = clang() else {
+        eprintln!("SKIPPED kernels_compile_with_clang_and_stay_bit_exact: no clang on PATH");
+        return;
+    };
+    let dir = scratch("clang");
+    let program = dir.join("p.kf");
+    std::fs::write(
+        &program,
+        "%x = input() name=\"x\" : f32[40, 70]\n%y = input() name=\"y\" : f32[70, 40]\n\
+         %e = exp(%x)\n%l = log1p(%e)\n%t = tanh(%l)\n%r = relu(%t)\n\
+         %m = reduce_max(%r) axes=[1] keepdims=true\n%d = sub(%r, %m)\n\
+         %p = permute(%y) perm=[1, 0]\n%z = add(%d, %p)\noutput \"z\" = %z\n",
+    )
+    .unwrap();
+    let values = |n: usize, seed: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919 + seed * 104_729) % 2003) as f32 / 100.0 - 10.0)
+            .collect()
+    };
+    let x = Array::from_vec(vec![40, 70], values(2800, 1)).unwrap();
+    let y = Array::from_vec(vec![70, 40], values(2800, 2)).unwrap();
+    kfuse_npy::save_npz(&dir.join("in.npz"), &[("x".into(), x), ("y".into(), y)]).unwrap();
+    let run = |engine: &str, out: &str| {
+        Command::new(env!("CARGO_BIN_EXE_kfuse"))
+            .env("CC", &cc)
+            .env("XDG_CACHE_HOME", dir.join("cache"))
+            .args([
+                "run",
+                program.to_str().unwrap(),
+                "--inputs-npz",
+                dir.join("in.npz").to_str().unwrap(),
+                "--engine",
+                engine,
+                "--numerics",
+                "strict",
+                "--output-dir",
+                dir.join(out).to_str().unwrap(),
+            ])
+            .output()
+            .unwrap()
+    };
+    let compiled = run("compiled", "compiled");
+    assert!(compiled.status.success(), "{}", stderr(&compiled));
+    assert!(
+        stderr(&compiled).contains("0 on the tile interpreter"),
+        "{cc}: {}",
+        stderr(&compiled)
+    );
+    let reference = run("reference", "reference");
+    assert!(reference.status.success(), "{}", stderr(&reference));
+    let got = kfuse_npy::load_npy(&dir.join("compiled/z.npy")).unwrap();
+    let want = kfuse_npy::load_npy(&dir.join("reference/z.npy")).unwrap();
+    assert_eq!(got.shape(), want.shape());
+    for i in 0..want.n_elems() {
+        assert_eq!(got.get_bits(i), want.get_bits(i), "z[{i}] with {cc}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
