@@ -12,7 +12,7 @@ use kfuse_ir::{BinaryOp, CompareOp, DType, ReduceOp, UnaryOp};
 use kfuse_kernel::{Access, IndexOp, InstId, InstKind, Kernel, Level};
 
 mod vector;
-use vector::{NextRow, VectorPass, LANES, UNROLL};
+use vector::{NextRow, VectorPass, LANES, LONG_CHAIN_BLOCKS};
 
 /// The C vector-math library every kernel includes.
 pub const MATH_HEADER: &str = include_str!("c/kfuse_math.h");
@@ -522,13 +522,16 @@ fn vector_reduction(op: ReduceOp, d: DType, vd: DType) -> bool {
 }
 
 /// A loop over the inner indices `[lo, hi)`: blocks of 16 through the vector body where the pass
-/// has one ([`UNROLL`] blocks per iteration while they last), the rest through the scalar body.
-/// Bodies are rendered at `indent` plus eight spaces, each block followed by `prefetch`'s
-/// next-row prefetches where given. With `align` (an address expression of `j`), scalar
-/// iterations come first until that address is 64-byte aligned.
+/// has one ([`VectorPass::blocks`] per iteration while they last), the rest through the scalar
+/// body. Bodies are rendered at `indent` plus eight spaces, each block followed by `prefetch`'s
+/// next-row prefetches where given; with `ahead` (a pass that reads its operands from memory),
+/// long-chain bodies prefetch their loads further on. With `align` (an address expression of
+/// `j`), scalar iterations come first until that address is 64-byte aligned.
+#[allow(clippy::too_many_arguments)]
 fn inner_loop(
     vector: Option<&VectorPass>,
     prefetch: Option<(&Kernel, &NextRow)>,
+    ahead: bool,
     align: Option<&str>,
     scalar_body: &str,
     lo: &str,
@@ -545,14 +548,14 @@ fn inner_loop(
     if let Some(address) = align {
         write!(s, "{indent}    for (; j < {hi} && ((uintptr_t)({address}) & 63) != 0; j++) {{\n{scalar_body}{indent}    }}\n").unwrap();
     }
-    for blocks in [UNROLL, 1] {
+    for blocks in [vp.blocks(), 1] {
         let width = LANES * blocks;
         writeln!(
             s,
             "{indent}    for (; j + {width} <= {hi}; j += {width}) {{"
         )
         .unwrap();
-        s.push_str(&vp.bodies(blocks, &inner));
+        s.push_str(&vp.bodies(blocks, ahead && blocks == LONG_CHAIN_BLOCKS, &inner));
         if let Some((kernel, next)) = prefetch {
             for u in 0..blocks {
                 s.push_str(&next.prefetches(kernel, u, &inner));
@@ -976,12 +979,13 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
                     &[(4, 4), (1, 1)]
                 } else {
                     // One accumulator: the blocks' terms combine in order.
-                    &[(UNROLL, 1), (1, 1)]
+                    &[(vp.blocks(), 1), (1, 1)]
                 };
                 for &(blocks, accs) in loops {
                     let width = LANES * blocks;
                     writeln!(s, "                for (; jb + {width} <= {n_inner}; jb += {width}) {{\n{inner}int64_t j = jb;").unwrap();
-                    s.push_str(&vp.bodies(blocks, inner));
+                    let ahead = this_pass == 0 && blocks == LONG_CHAIN_BLOCKS;
+                    s.push_str(&vp.bodies(blocks, ahead, inner));
                     if let (1, Some(next)) = (this_pass, &next_row) {
                         for u in 0..blocks {
                             s.push_str(&next.prefetches(kernel, u, inner));
@@ -1064,6 +1068,9 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
             })
             .flatten();
         let indent = if streams { "            " } else { "        " };
+        // The kernel's first pass reads its operands from memory; later ones reread rows from
+        // cache. Tiles prefetch their own next lines.
+        let ahead = final_pass == 0 && tiled.is_none();
         // The scalar body sits one level deeper inside the vector form's block.
         let body_indent = format!("{indent}{}", if vp.is_some() { "        " } else { "    " });
         let body = pass_body_packed(kernel, &passes, final_pass, &staged, &packed, &body_indent)?;
@@ -1078,6 +1085,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
             s.push_str(&inner_loop(
                 vp.as_ref(),
                 prefetch.map(|n| (kernel, n)),
+                ahead,
                 align.as_deref(),
                 &body,
                 j_lo,
@@ -1092,6 +1100,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
             s.push_str(&inner_loop(
                 vp.as_ref(),
                 prefetch.map(|n| (kernel, n)),
+                ahead,
                 None,
                 &body,
                 "jb",

@@ -934,11 +934,12 @@ fn edgy_f32(n: usize, seed: u64, nonfinite: bool) -> Vec<f32> {
         .collect()
 }
 
-/// Vector bodies (16-lane blocks, two per iteration, a scalar remainder) against the reference
-/// interpreter, bit for bit, at widths around every block boundary: elementwise chains with
-/// every op that has a 16-lane form, masks, selects and casts, an operand broadcast along the
-/// inner axis and one along the outer; row softmax and layer norm (reduction passes with
-/// vector bodies, next-row prefetches).
+/// Vector bodies (16-lane blocks, two or, for long chains, eight per iteration, single blocks,
+/// a scalar remainder) against the reference interpreter, bit for bit, at widths around every
+/// block boundary: elementwise chains with every op that has a 16-lane form, masks, selects and
+/// casts, an operand broadcast along the inner axis and one along the outer; row softmax and
+/// layer norm (reduction passes with vector bodies, next-row prefetches), and a sum of
+/// softplus (a long-chain reduction pass).
 #[test]
 fn vector_bodies_are_bit_exact_at_every_width() {
     let elementwise = |rows: usize, n: usize| {
@@ -1023,14 +1024,19 @@ output \"v4\" = %v4
 %mn = reduce_min(%y) axes=[1] keepdims=true
 %sh = sub(%y, %mn)
 %z = add(%sh, %r)
+%spx = softplus(%x)
+%ssp = reduce_sum(%spx) axes=[1] keepdims=true
+%lse = add(%z, %ssp)
 output \"softmax\" = %sm
 output \"layernorm\" = %lnw
-output \"shifted\" = %z
+output \"shifted\" = %lse
 "
         )
     };
     let mut seed = 1;
-    for n in [1, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 100, 1000] {
+    for n in [
+        1, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 100, 127, 128, 129, 255, 256, 257, 1000,
+    ] {
         for rows in [1, 3] {
             for (what, text, nonfinite) in [
                 ("elementwise", elementwise(rows, n), true),

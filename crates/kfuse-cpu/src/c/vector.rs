@@ -12,12 +12,15 @@
 //! its index arithmetic is inner index plus outer-level terms. Everything else renders as
 //! before: a kernel loses nothing by not qualifying.
 //!
-//! Bodies are emitted in pairs per loop iteration ([`UNROLL`]), their stores last:
-//! transcendental chains are long and serial, and two independent blocks give GCC's scheduler
-//! (`-fschedule-insns`) and the out-of-order core work to overlap. `log(exp(x) + 1)` runs at
-//! 0.35 ns per element on one thread in cache, against 0.40 with each block's store between
-//! them and 0.41 with one block per iteration; four blocks measured no better in the
-//! benchmarks (0.31-0.33 in cache, but within noise at full size, and more register spills).
+//! Bodies are emitted several blocks per loop iteration, instruction by instruction across the
+//! blocks, their stores last: transcendental chains are long and serial, and independent blocks
+//! give GCC's scheduler (`-fschedule-insns`) and the out-of-order core work to overlap. Passes
+//! whose chain is long ([`LONG_CHAIN`] vector instructions per block or more, as in
+//! `log(exp(x) + 1)` or `tanh`) run eight blocks per iteration and prefetch their loads ahead;
+//! others run two. `log(exp(x) + 1)` on one thread: 0.27-0.29 ns per element with eight
+//! blocks, in cache and over 16M elements, against 0.35-0.38 with two (one: 0.41; four, block
+//! by block: 0.31-0.33). `tanh(0.5 x + 0.1)`: 0.25-0.26 against 0.27-0.28 in cache, the same
+//! over 16M elements (memory-bound); softmax's `exp` pass gains nothing, so it keeps two.
 
 use std::fmt::Write;
 
@@ -28,6 +31,16 @@ use super::{binary, compare_op, index_op, unary, v};
 
 /// Blocks of 16 per iteration of a vector loop.
 pub(super) const UNROLL: usize = 2;
+
+/// Blocks of 16 per iteration where a pass's arithmetic is a long chain ([`LONG_CHAIN`]).
+pub(super) const LONG_CHAIN_BLOCKS: usize = 8;
+
+/// The chain length, in vector instructions per block, from which a pass runs
+/// [`LONG_CHAIN_BLOCKS`] blocks per iteration.
+const LONG_CHAIN: usize = 32;
+
+/// How far ahead (in elements) the loads of a long-chain pass prefetch.
+const AHEAD: usize = 1024;
 
 /// Lanes per vector value.
 pub(super) const LANES: usize = 16;
@@ -225,23 +238,63 @@ impl<'a> VectorPass<'a> {
         }
     }
 
+    /// Blocks per iteration of this pass's vector loop: [`LONG_CHAIN_BLOCKS`] where its
+    /// arithmetic is a long serial chain ([`LONG_CHAIN`] or more instructions per block through
+    /// the transcendental functions), [`UNROLL`] otherwise.
+    pub(super) fn blocks(&self) -> usize {
+        let chain: usize = (0..self.kernel.insts.len())
+            .filter(|&k| self.compute[k] && !self.reload[k])
+            .map(|k| match self.kernel.insts[k].kind {
+                InstKind::Unary(op, _) => chain_length(op),
+                _ => 1,
+            })
+            .sum();
+        if chain >= LONG_CHAIN {
+            LONG_CHAIN_BLOCKS
+        } else {
+            UNROLL
+        }
+    }
+
     /// The statements of block copies `0..copies`, the first inner index of copy `u` being
-    /// `j + 16 u`. Loads and arithmetic of all copies come before their stores: GCC does not
-    /// see that a store through one argument pointer leaves another's loads alone, and would
-    /// not overlap the copies' arithmetic across a store (the kernel reads no buffer it writes).
-    pub(super) fn bodies(&self, copies: usize, indent: &str) -> String {
+    /// `j + 16 u`, instruction by instruction (every copy's value of one instruction, then the
+    /// next instruction's), the stores last. Loads and arithmetic of all copies come before
+    /// their stores: GCC does not see that a store through one argument pointer leaves
+    /// another's loads alone, and would not overlap the copies' arithmetic across a store (the
+    /// kernel reads no buffer it writes). With `ahead`, each load is preceded by a prefetch
+    /// [`AHEAD`] elements further on: an iteration of eight long chains is more instructions
+    /// than the out-of-order window holds, so the core stops issuing the next iteration's loads
+    /// early, and the hardware prefetcher alone fell behind (`tanh` over 16M elements on one
+    /// thread: 1.3-1.6 ns per element with eight blocks, 0.28-0.31 with the prefetches, 0.29-0.32
+    /// with two blocks).
+    pub(super) fn bodies(&self, copies: usize, ahead: bool, indent: &str) -> String {
         let mut s = String::new();
         let mut stores = String::new();
-        for u in 0..copies {
-            let (compute, store) = self.body(u, indent);
-            s.push_str(&compute);
-            stores.push_str(&store);
+        for k in 0..self.kernel.insts.len() {
+            for u in 0..copies {
+                if ahead {
+                    if let InstKind::Load { arg, offset } = self.kernel.insts[k].kind {
+                        if self.compute[k] {
+                            writeln!(
+                                s,
+                                "{indent}__builtin_prefetch(a{arg} + {} + {AHEAD}, 0, 3);",
+                                self.name(offset, u)
+                            )
+                            .unwrap();
+                        }
+                    }
+                }
+                let (compute, store) = self.statement(k, u, indent);
+                s.push_str(&compute);
+                stores.push_str(&store);
+            }
         }
         s + &stores
     }
 
-    /// Block copy `u`'s computing statements, and its stores (to outputs and row scratch).
-    fn body(&self, u: usize, indent: &str) -> (String, String) {
+    /// Block copy `u`'s statement for instruction `k`: its computing part, and its store (to an
+    /// output or a row scratch array).
+    fn statement(&self, k: usize, u: usize, indent: &str) -> (String, String) {
         let mut s = String::new();
         let mut stores = String::new();
         let at = if u == 0 {
@@ -249,126 +302,135 @@ impl<'a> VectorPass<'a> {
         } else {
             format!("(j + {})", LANES * u)
         };
-        for k in 0..self.kernel.insts.len() {
-            let id = InstId(k as u32);
-            let name = self.name(id, u);
-            if self.reload[k] {
-                writeln!(
-                    s,
-                    "{indent}kf_f32x16 {name};\n{indent}memcpy(&{name}, scratch{k} + {at}, 64);"
-                )
-                .unwrap();
-                continue;
-            }
-            if !self.compute[k] {
-                continue;
-            }
-            let inst = self.kernel.insts[k];
-            let vec = |x: InstId| self.vector(x, u);
-            let mask = |x: InstId| self.mask(x, u);
-            let line = match inst.kind {
-                InstKind::InnerIndex => format!("int64_t {name} = {at};"),
-                InstKind::Index(op, a, b) => format!(
-                    "int64_t {name} = {};",
-                    index_op(op, &self.name(a, u), &self.name(b, u))
-                ),
-                InstKind::Load { arg, offset } => format!(
-                    "kf_f32x16 {name};\n{indent}memcpy(&{name}, a{arg} + {}, 64);",
-                    self.name(offset, u)
-                ),
-                InstKind::Store { arg, offset, value } => {
-                    let dst = format!("a{arg} + {}", self.name(offset, u));
-                    if self.stream {
-                        writeln!(stores, "{indent}kf_vstore_nt({dst}, {});", vec(value)).unwrap();
-                    } else {
-                        writeln!(
-                            stores,
-                            "{indent}{{ kf_f32x16 st = {}; memcpy({dst}, &st, 64); }}",
-                            vec(value)
-                        )
-                        .unwrap();
-                    }
-                    continue;
-                }
-                InstKind::Unary(op, a) => {
-                    if inst.dtype == DType::Bool {
-                        format!("kf_i32x16 {name} = ~{};", mask(a))
-                    } else {
-                        match vector_unary(op, &vec(a)) {
-                            Some(e) => format!("kf_f32x16 {name} = {e};"),
-                            None => {
-                                lanewise(&name, unary(op, &self.lane(a, u), DType::F32), indent)
-                            }
-                        }
-                    }
-                }
-                InstKind::Binary(op, x, y) => {
-                    if inst.dtype == DType::Bool {
-                        let o = match op {
-                            BinaryOp::And => "&",
-                            BinaryOp::Or => "|",
-                            _ => "^",
-                        };
-                        format!("kf_i32x16 {name} = {} {o} {};", mask(x), mask(y))
-                    } else {
-                        // max(v, +0) (either way round) is relu's exact operation.
-                        let zero = |id: InstId| {
-                            matches!(self.kernel.inst(id).kind, InstKind::Const(0))
-                                && self.kernel.inst(id).dtype == DType::F32
-                        };
-                        let relu = match (op, zero(x), zero(y)) {
-                            (BinaryOp::Max, _, true) => Some(x),
-                            (BinaryOp::Max, true, false) => Some(y),
-                            _ => None,
-                        };
-                        let e = match relu {
-                            Some(v) => vector_unary(UnaryOp::Relu, &vec(v)),
-                            None => vector_binary(op, &vec(x), &vec(y)),
-                        };
-                        match e {
-                            Some(e) => format!("kf_f32x16 {name} = {e};"),
-                            None => lanewise(
-                                &name,
-                                binary(op, &self.lane(x, u), &self.lane(y, u), DType::F32),
-                                indent,
-                            ),
-                        }
-                    }
-                }
-                InstKind::Compare(c, x, y) => {
-                    format!(
-                        "kf_i32x16 {name} = {} {} {};",
-                        vec(x),
-                        compare_op(c),
-                        vec(y)
+        let id = InstId(k as u32);
+        let name = self.name(id, u);
+        if self.reload[k] {
+            writeln!(
+                s,
+                "{indent}kf_f32x16 {name};\n{indent}memcpy(&{name}, scratch{k} + {at}, 64);"
+            )
+            .unwrap();
+            return (s, stores);
+        }
+        if !self.compute[k] {
+            return (s, stores);
+        }
+        let inst = self.kernel.insts[k];
+        let vec = |x: InstId| self.vector(x, u);
+        let mask = |x: InstId| self.mask(x, u);
+        let line = match inst.kind {
+            InstKind::InnerIndex => format!("int64_t {name} = {at};"),
+            InstKind::Index(op, a, b) => format!(
+                "int64_t {name} = {};",
+                index_op(op, &self.name(a, u), &self.name(b, u))
+            ),
+            InstKind::Load { arg, offset } => format!(
+                "kf_f32x16 {name};\n{indent}memcpy(&{name}, a{arg} + {}, 64);",
+                self.name(offset, u)
+            ),
+            InstKind::Store { arg, offset, value } => {
+                let dst = format!("a{arg} + {}", self.name(offset, u));
+                if self.stream {
+                    writeln!(stores, "{indent}kf_vstore_nt({dst}, {});", vec(value)).unwrap();
+                } else {
+                    writeln!(
+                        stores,
+                        "{indent}{{ kf_f32x16 st = {}; memcpy({dst}, &st, 64); }}",
+                        vec(value)
                     )
+                    .unwrap();
                 }
-                InstKind::Select(c, x, y) => format!(
-                    "kf_f32x16 {name} = kf_vsel({}, {}, {});",
-                    mask(c),
-                    vec(x),
-                    vec(y)
-                ),
-                InstKind::Cast(a) => {
-                    if inst.dtype == DType::F32 {
-                        format!(
-                            "kf_f32x16 {name} = kf_vsel({}, kf_vsplat(1.0f), kf_vsplat(0.0f));",
-                            mask(a)
-                        )
-                    } else {
-                        format!("kf_i32x16 {name} = {} != 0.0f;", vec(a))
+                return (s, stores);
+            }
+            InstKind::Unary(op, a) => {
+                if inst.dtype == DType::Bool {
+                    format!("kf_i32x16 {name} = ~{};", mask(a))
+                } else {
+                    match vector_unary(op, &vec(a)) {
+                        Some(e) => format!("kf_f32x16 {name} = {e};"),
+                        None => lanewise(&name, unary(op, &self.lane(a, u), DType::F32), indent),
                     }
                 }
-                InstKind::OuterIndex | InstKind::Const(_) | InstKind::Reduce { .. } => {
-                    unreachable!("checked in VectorPass::new")
-                }
-            };
-            writeln!(s, "{indent}{line}").unwrap();
-            if self.save[k] {
-                writeln!(stores, "{indent}memcpy(scratch{k} + {at}, &{name}, 64);").unwrap();
             }
+            InstKind::Binary(op, x, y) => {
+                if inst.dtype == DType::Bool {
+                    let o = match op {
+                        BinaryOp::And => "&",
+                        BinaryOp::Or => "|",
+                        _ => "^",
+                    };
+                    format!("kf_i32x16 {name} = {} {o} {};", mask(x), mask(y))
+                } else {
+                    // max(v, +0) (either way round) is relu's exact operation.
+                    let zero = |id: InstId| {
+                        matches!(self.kernel.inst(id).kind, InstKind::Const(0))
+                            && self.kernel.inst(id).dtype == DType::F32
+                    };
+                    let relu = match (op, zero(x), zero(y)) {
+                        (BinaryOp::Max, _, true) => Some(x),
+                        (BinaryOp::Max, true, false) => Some(y),
+                        _ => None,
+                    };
+                    let e = match relu {
+                        Some(v) => vector_unary(UnaryOp::Relu, &vec(v)),
+                        None => vector_binary(op, &vec(x), &vec(y)),
+                    };
+                    match e {
+                        Some(e) => format!("kf_f32x16 {name} = {e};"),
+                        None => lanewise(
+                            &name,
+                            binary(op, &self.lane(x, u), &self.lane(y, u), DType::F32),
+                            indent,
+                        ),
+                    }
+                }
+            }
+            InstKind::Compare(c, x, y) => {
+                format!(
+                    "kf_i32x16 {name} = {} {} {};",
+                    vec(x),
+                    compare_op(c),
+                    vec(y)
+                )
+            }
+            InstKind::Select(c, x, y) => format!(
+                "kf_f32x16 {name} = kf_vsel({}, {}, {});",
+                mask(c),
+                vec(x),
+                vec(y)
+            ),
+            InstKind::Cast(a) => {
+                if inst.dtype == DType::F32 {
+                    format!(
+                        "kf_f32x16 {name} = kf_vsel({}, kf_vsplat(1.0f), kf_vsplat(0.0f));",
+                        mask(a)
+                    )
+                } else {
+                    format!("kf_i32x16 {name} = {} != 0.0f;", vec(a))
+                }
+            }
+            InstKind::OuterIndex | InstKind::Const(_) | InstKind::Reduce { .. } => {
+                unreachable!("checked in VectorPass::new")
+            }
+        };
+        writeln!(s, "{indent}{line}").unwrap();
+        if self.save[k] {
+            writeln!(stores, "{indent}memcpy(scratch{k} + {at}, &{name}, 64);").unwrap();
         }
         (s, stores)
+    }
+}
+
+/// Roughly how many dependent vector instructions the 16-lane form of `op` takes (1 for single
+/// instructions).
+fn chain_length(op: UnaryOp) -> usize {
+    match op {
+        UnaryOp::Exp | UnaryOp::Exp2 => 14,
+        UnaryOp::Sigmoid => 18,
+        UnaryOp::Log | UnaryOp::Log2 => 20,
+        UnaryOp::Log1p | UnaryOp::Tanh => 28,
+        UnaryOp::Softplus => 45,
+        _ => 1,
     }
 }
 
