@@ -724,7 +724,7 @@ fn row_prefetches(kernel: &Kernel, levels: &[Level], tj: usize) -> String {
         let line = 64 / kernel.args[arg as usize].ty.dtype.size_bytes().max(1);
         for at in (tj..2 * tj).step_by(line) {
             if let Some(e) = vector::index_expr(kernel, offset, "o", &format!("(jt + {at})")) {
-                writeln!(s, "        __builtin_prefetch(a{arg} + {e}, {write}, 3);").unwrap();
+                writeln!(s, "        KF_PREFETCH(a{arg}, {e}, {write}, 3);").unwrap();
             }
         }
     }
@@ -929,7 +929,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
             let (k, arg, stride) = (pk.load, pk.arg, pk.stride);
             // The next tile's lines of the strided operand are requested now: each is one line
             // of a different row, which no hardware prefetcher predicts.
-            writeln!(s, "    if (oe - ob == {TILE_O} && jte - jt == {TILE_J}) {{\n        for (int64_t r = {TILE_J}; r < {}; r++)\n            __builtin_prefetch(a{arg} + {} + r * ((int64_t){stride}ll), 0, 3);\n        for (int64_t jb = 0; jb < {TILE_J}; jb += 16)\n            kf_transpose16(a{arg} + {} + jb * ((int64_t){stride}ll), {stride}, tbuf{k} + jb, {TILE_J});\n    }} else {{", 2 * TILE_J, pk.base, pk.base).unwrap();
+            writeln!(s, "    if (oe - ob == {TILE_O} && jte - jt == {TILE_J}) {{\n        for (int64_t r = {TILE_J}; r < {}; r++)\n            KF_PREFETCH(a{arg}, {} + r * ((int64_t){stride}ll), 0, 3);\n        for (int64_t jb = 0; jb < {TILE_J}; jb += 16)\n            kf_transpose16(a{arg} + {} + jb * ((int64_t){stride}ll), {stride}, tbuf{k} + jb, {TILE_J});\n    }} else {{", 2 * TILE_J, pk.base, pk.base).unwrap();
             writeln!(s, "        for (int64_t jj = jt; jj < jte; jj++)\n            for (int64_t oo = ob; oo < oe; oo++)\n                tbuf{k}[(oo - ob) * {TILE_J} + (jj - jt)] = a{arg}[{}];\n    }}", pk.at).unwrap();
         }
         s.push_str("    for (int64_t o = ob; o < oe; o++) {\n");

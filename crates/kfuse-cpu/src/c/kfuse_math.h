@@ -11,6 +11,13 @@
 
 #define KF_INLINE static inline __attribute__((always_inline))
 
+/* A prefetch of element i of base, which may lie past the array (the next row, tile or block of
+ * the last one): the address is formed as an integer, so C sees no out-of-bounds pointer. rw: 0
+ * to read, 1 to write; loc: locality, 0 to 3. */
+#define KF_PREFETCH(base, i, rw, loc)                                                          \
+    __builtin_prefetch((const void *)((uintptr_t)(base) + (uintptr_t)(int64_t)(i) * sizeof(*(base))), \
+                       rw, loc)
+
 KF_INLINE float kf_f32_from_bits(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
 KF_INLINE uint32_t kf_f32_bits(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
 KF_INLINE double kf_f64_from_bits(uint64_t b) { double f; memcpy(&f, &b, 8); return f; }

@@ -277,7 +277,7 @@ impl<'a> VectorPass<'a> {
                         if self.compute[k] {
                             writeln!(
                                 s,
-                                "{indent}__builtin_prefetch(a{arg} + {} + {AHEAD}, 0, 3);",
+                                "{indent}KF_PREFETCH(a{arg}, {} + {AHEAD}, 0, 3);",
                                 self.name(offset, u)
                             )
                             .unwrap();
@@ -510,12 +510,7 @@ impl NextRow {
         let mut s = String::new();
         for &(arg, offset) in &self.loads {
             let e = index_expr(kernel, offset, "(o + 1)", &at).expect("checked in NextRow::new");
-            writeln!(
-                s,
-                "{indent}__builtin_prefetch(a{arg} + {e}, 0, {});",
-                self.locality
-            )
-            .unwrap();
+            writeln!(s, "{indent}KF_PREFETCH(a{arg}, {e}, 0, {});", self.locality).unwrap();
         }
         s
     }
