@@ -10,8 +10,9 @@ use kfuse::{FixedCostModel, FusePolicy, Graph};
 use serde_json::json;
 
 /// Per pass of a fused kernel over its inner space: whether the generated C runs it as 16-lane
-/// vector bodies, or why it keeps the scalar loop. Empty for library and structured steps.
-fn vector_passes(step: &Step) -> Vec<Result<(), String>> {
+/// vector bodies (and how many blocks of 16 per loop iteration), or why it keeps the scalar
+/// loop. Empty for library and structured steps.
+fn vector_passes(step: &Step) -> Vec<Result<usize, String>> {
     match step {
         Step::Kernel { kernel, .. } => kfuse::cpu::c::vector_passes(kernel),
         _ => vec![],
@@ -28,7 +29,7 @@ fn tile_shape(step: &Step) -> Option<[usize; 2]> {
 }
 
 /// The `code:` line of a fused kernel in the text report.
-fn code_line(passes: &[Result<(), String>], tiles: Option<[usize; 2]>) -> Option<String> {
+fn code_line(passes: &[Result<usize, String>], tiles: Option<[usize; 2]>) -> Option<String> {
     if passes.is_empty() {
         return None;
     }
@@ -42,8 +43,15 @@ fn code_line(passes: &[Result<(), String>], tiles: Option<[usize; 2]>) -> Option
         )
     };
     for (i, p) in passes.iter().enumerate() {
-        if let Err(why) = p {
-            write!(line, "; pass {} scalar: {why}", i + 1).unwrap();
+        match p {
+            Err(why) => write!(line, "; pass {} scalar: {why}", i + 1).unwrap(),
+            Ok(blocks) if *blocks >= 8 => write!(
+                line,
+                "; pass {} runs {blocks} blocks per iteration (a long chain of transcendental arithmetic)",
+                i + 1
+            )
+            .unwrap(),
+            Ok(_) => {}
         }
     }
     if let Some([o, j]) = tiles {
@@ -195,7 +203,7 @@ pub fn explain(
                 let vector: Vec<_> = vector_passes(step)
                     .into_iter()
                     .map(|p| match p {
-                        Ok(()) => json!({"vector": true}),
+                        Ok(blocks) => json!({"vector": true, "blocks": blocks}),
                         Err(why) => json!({"vector": false, "why": why}),
                     })
                     .collect();

@@ -407,7 +407,26 @@ fn explain_shows_kernels_bytes_and_boundaries() {
     assert_eq!(kernels[0]["bytes_read"], (2 * 64) << 20);
     assert_eq!(kernels[0]["bytes_written"], (2 * 64) << 20);
     assert_eq!(doc["unfused_kernels"], 3);
-    assert_eq!(kernels[0]["passes"], serde_json::json!([{"vector": true}]));
+    assert_eq!(
+        kernels[0]["passes"],
+        serde_json::json!([{"vector": true, "blocks": 2}])
+    );
+
+    // A long transcendental chain runs eight blocks of 16 per iteration, and explain says so.
+    let o = kfuse(&["explain", &example("softplus.kf")]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains(
+            "; pass 1 runs 8 blocks per iteration (a long chain of transcendental arithmetic)"
+        ),
+        "{text}"
+    );
+    let o = kfuse(&["explain", &example("softplus.kf"), "--json"]);
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        doc["kernels"][0]["passes"],
+        serde_json::json!([{"vector": true, "blocks": 8}])
+    );
 
     let greedy = kfuse(&[
         "explain",

@@ -791,9 +791,9 @@ pub fn tile_shape(kernel: &Kernel) -> Option<[usize; 2]> {
 }
 
 /// Whether each pass of `kernel` over its inner space (its reductions in order, then the final
-/// pass, where it stores at the inner level) runs as 16-lane vector bodies, or why it keeps the
-/// scalar loop: for `kfuse explain`.
-pub fn vector_passes(kernel: &Kernel) -> Vec<Result<(), String>> {
+/// pass, where it stores at the inner level) runs as 16-lane vector bodies, with how many blocks
+/// of 16 per loop iteration, or why it keeps the scalar loop: for `kfuse explain`.
+pub fn vector_passes(kernel: &Kernel) -> Vec<Result<usize, String>> {
     let levels = kernel.levels();
     let (roots, inner_stores) = pass_roots(kernel, &levels);
     let passes = plan_passes(kernel, &levels, &roots);
@@ -805,18 +805,25 @@ pub fn vector_passes(kernel: &Kernel) -> Vec<Result<(), String>> {
             InstKind::Reduce { op, value } => Some((i, op, inst.dtype, kernel.inst(value).dtype)),
             _ => None,
         });
-    let mut report: Vec<Result<(), String>> = reductions
+    let mut report: Vec<Result<usize, String>> = reductions
         .enumerate()
         .map(|(p, (i, op, d, vd))| {
             if !vector_reduction(op, d, vd) {
                 return Err(format!("kernel IR %{i} is {} of {vd}", op.name()));
             }
-            vector_pass(kernel, &passes, p).map(|_| ())
+            // Max and min reductions run four blocks into four accumulators.
+            vector_pass(kernel, &passes, p).map(|vp| {
+                if matches!(op, ReduceOp::Max | ReduceOp::Min) {
+                    4
+                } else {
+                    vp.blocks()
+                }
+            })
         })
         .collect();
     if !inner_stores.is_empty() {
         let p = roots.len() - 1;
-        report.push(vector_pass(kernel, &passes, p).map(|_| ()));
+        report.push(vector_pass(kernel, &passes, p).map(|vp| vp.blocks()));
     }
     report
 }
