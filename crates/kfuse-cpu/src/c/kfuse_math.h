@@ -197,18 +197,21 @@ static __attribute__((noinline)) double kf_reduce_large(float x, uint32_t *n_out
     return frac * KF_PI_2;
 }
 
-KF_INLINE double kf_reduce(float ax, uint32_t *n_out) {
-    if (ax >= 2.0e8f) return kf_reduce_large(ax, n_out);
+/* Cody-Waite reduction of 0 <= ax < 2e8. */
+KF_INLINE double kf_reduce_small(float ax, uint32_t *n_out) {
     double xd = (double)ax;
     double n = rint(xd * KF_INV_PIO2);
     *n_out = (uint32_t)((int64_t)n & 3);
     return xd - n * KF_PIO2_1 - n * KF_PIO2_1T;
 }
 
-KF_INLINE float kf_sin(float x) {
-    float ax = fabsf(x);
-    uint32_t n;
-    double r = kf_reduce(ax == ax && ax != INFINITY ? ax : 0.0f, &n);
+KF_INLINE double kf_reduce(float ax, uint32_t *n_out) {
+    if (ax >= 2.0e8f) return kf_reduce_large(ax, n_out);
+    return kf_reduce_small(ax, n_out);
+}
+
+/* sin and cos from a reduced argument: r = |x| - n pi/2 (n mod 4), |x| = ax. */
+KF_INLINE float kf_sin_reduced(float x, float ax, double r, uint32_t n) {
     double sk = kf_sin_kernel(r), ck = kf_cos_kernel(r);
     double s = n == 0 ? sk : (n == 1 ? ck : (n == 2 ? -sk : -ck));
     float v = (float)s;
@@ -216,14 +219,24 @@ KF_INLINE float kf_sin(float x) {
     v = ax < 2.44e-4f ? x : v;
     return (x != x || ax == INFINITY) ? NAN : v;
 }
+KF_INLINE float kf_cos_reduced(float x, float ax, double r, uint32_t n) {
+    double sk = kf_sin_kernel(r), ck = kf_cos_kernel(r);
+    double c = n == 0 ? ck : (n == 1 ? -sk : (n == 2 ? -ck : sk));
+    return (x != x || ax == INFINITY) ? NAN : (float)c;
+}
+
+KF_INLINE float kf_sin(float x) {
+    float ax = fabsf(x);
+    uint32_t n;
+    double r = kf_reduce(ax == ax && ax != INFINITY ? ax : 0.0f, &n);
+    return kf_sin_reduced(x, ax, r, n);
+}
 
 KF_INLINE float kf_cos(float x) {
     float ax = fabsf(x);
     uint32_t n;
     double r = kf_reduce(ax == ax && ax != INFINITY ? ax : 0.0f, &n);
-    double sk = kf_sin_kernel(r), ck = kf_cos_kernel(r);
-    double c = n == 0 ? ck : (n == 1 ? -sk : (n == 2 ? -ck : sk));
-    return (x != x || ax == INFINITY) ? NAN : (float)c;
+    return kf_cos_reduced(x, ax, r, n);
 }
 
 /* ---- tanh, sigmoid, softplus, GELU, rsqrt (lib.rs) ---- */
@@ -727,6 +740,29 @@ KF_INLINE kf_f32x16 kf_vsigmoid(kf_f32x16 x) {
     kf_f32x16 e = kf_vexp(kf_vsel(pos, -x, x));
     return kf_vsel(pos, kf_vsplat(1.0f), e) / (1.0f + e);
 }
+/* sin and cos on 16 lanes: every lane takes the Cody-Waite reduction, which vectorizes (a
+ * lane at or above 2e8 reduces 0 instead); where some lane is that large (finite), those lanes
+ * are recomputed by the scalar form, whose Payne-Hanek reduction does not vectorize. Each lane
+ * computes exactly what kf_sin / kf_cos computes. */
+#define KF_VTRIG(name, reduced, scalar)                                                     \
+    KF_INLINE kf_f32x16 name(kf_f32x16 x) {                                                 \
+        kf_f32x16 v;                                                                        \
+        int large = 0;                                                                      \
+        for (int l = 0; l < 16; l++) {                                                      \
+            float ax = fabsf(x[l]);                                                         \
+            large |= ax >= 2.0e8f && ax != INFINITY;                                        \
+            uint32_t n;                                                                     \
+            double r = kf_reduce_small(ax == ax && ax < 2.0e8f ? ax : 0.0f, &n);            \
+            v[l] = reduced(x[l], ax, r, n);                                                 \
+        }                                                                                   \
+        if (__builtin_expect(large, 0))                                                     \
+            for (int l = 0; l < 16; l++)                                                    \
+                if (fabsf(x[l]) >= 2.0e8f) v[l] = scalar(x[l]);                             \
+        return v;                                                                           \
+    }
+KF_VTRIG(kf_vsin, kf_sin_reduced, kf_sin)
+KF_VTRIG(kf_vcos, kf_cos_reduced, kf_cos)
+
 KF_INLINE kf_f32x16 kf_vsoftplus(kf_f32x16 x) {
     kf_f32x16 v = kf_vsel(x > 0.0f, x, kf_vsplat(0.0f)) + kf_vlog1p(kf_vexp(-kf_vabs(x)));
     return kf_vsel(x != x, x, v);

@@ -539,6 +539,8 @@ fn vector_unary(op: UnaryOp, x: &str) -> Option<String> {
         UnaryOp::Tanh => f("kf_vtanh"),
         UnaryOp::Sigmoid => f("kf_vsigmoid"),
         UnaryOp::Softplus => f("kf_vsoftplus"),
+        UnaryOp::Sin => f("kf_vsin"),
+        UnaryOp::Cos => f("kf_vcos"),
         UnaryOp::Relu => f("kf_vrelu"),
         UnaryOp::Floor => f("kf_vfloor"),
         UnaryOp::Ceil => f("kf_vceil"),
