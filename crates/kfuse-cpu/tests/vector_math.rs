@@ -17,6 +17,8 @@ const UNARY: &[(&str, &str, &str)] = &[
     ("tanh", "kf_vtanh(x)", "kf_tanh(x)"),
     ("sigmoid", "kf_vsigmoid(x)", "kf_sigmoid(x)"),
     ("softplus", "kf_vsoftplus(x)", "kf_softplus(x)"),
+    ("sin", "kf_vsin(x)", "kf_sin(x)"),
+    ("cos", "kf_vcos(x)", "kf_cos(x)"),
     ("relu", "kf_vrelu(x)", "kf_maximum(x, 0.0f)"),
     (
         "maximum with 0",
@@ -69,9 +71,11 @@ fn source() -> String {
 
 fn inputs() -> Vec<f32> {
     let mut v: Vec<f32> = (0..u32::MAX).step_by(509).map(f32::from_bits).collect();
-    // Every pattern near the thresholds of exp, exp2, tanh and log's splits, both signs.
+    // Every pattern near the thresholds of exp, exp2, tanh, log's splits and sin's and cos's
+    // reductions, both signs.
     for center in [
-        88.72f32,
+        2.0e8f32,
+        88.72,
         89.0,
         103.97,
         110.0,
