@@ -45,9 +45,11 @@ fn code_line(passes: &[Result<usize, String>], tiles: Option<[usize; 2]>) -> Opt
     for (i, p) in passes.iter().enumerate() {
         match p {
             Err(why) => write!(line, "; pass {} scalar: {why}", i + 1).unwrap(),
-            Ok(blocks) if *blocks >= 8 => write!(
+            // Two is the default; more overlap long transcendental chains (or, for a maximum or
+            // minimum, feed four accumulators).
+            Ok(blocks) if *blocks != 2 => write!(
                 line,
-                "; pass {} runs {blocks} blocks per iteration (a long chain of transcendental arithmetic)",
+                "; pass {} runs {blocks} blocks of 16 per iteration",
                 i + 1
             )
             .unwrap(),

@@ -12,7 +12,7 @@ use kfuse_ir::{BinaryOp, CompareOp, DType, ReduceOp, UnaryOp};
 use kfuse_kernel::{Access, IndexOp, InstId, InstKind, Kernel, Level};
 
 mod vector;
-use vector::{NextRow, VectorPass, LANES, LONG_CHAIN_BLOCKS};
+use vector::{prefetches_ahead, NextRow, VectorPass, LANES};
 
 /// The C vector-math library every kernel includes.
 pub const MATH_HEADER: &str = include_str!("c/kfuse_math.h");
@@ -555,7 +555,7 @@ fn inner_loop(
             "{indent}    for (; j + {width} <= {hi}; j += {width}) {{"
         )
         .unwrap();
-        s.push_str(&vp.bodies(blocks, ahead && blocks == LONG_CHAIN_BLOCKS, &inner));
+        s.push_str(&vp.bodies(blocks, ahead && prefetches_ahead(blocks), &inner));
         if let Some((kernel, next)) = prefetch {
             for u in 0..blocks {
                 s.push_str(&next.prefetches(kernel, u, &inner));
@@ -991,7 +991,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
                 for &(blocks, accs) in loops {
                     let width = LANES * blocks;
                     writeln!(s, "                for (; jb + {width} <= {n_inner}; jb += {width}) {{\n{inner}int64_t j = jb;").unwrap();
-                    let ahead = this_pass == 0 && blocks == LONG_CHAIN_BLOCKS;
+                    let ahead = this_pass == 0 && prefetches_ahead(blocks) && accs == 1;
                     s.push_str(&vp.bodies(blocks, ahead, inner));
                     if let (1, Some(next)) = (this_pass, &next_row) {
                         for u in 0..blocks {

@@ -934,9 +934,9 @@ fn edgy_f32(n: usize, seed: u64, nonfinite: bool) -> Vec<f32> {
         .collect()
 }
 
-/// Vector bodies (16-lane blocks, two or, for long chains, eight per iteration, single blocks,
-/// a scalar remainder) against the reference interpreter, bit for bit, at widths around every
-/// block boundary: elementwise chains with every op that has a 16-lane form, masks, selects and
+/// Vector bodies (16-lane blocks, two, four or eight per iteration as the chain is longer,
+/// single blocks, a scalar remainder) against the reference interpreter, bit for bit, at widths
+/// around every block boundary: elementwise chains with every op that has a 16-lane form, masks, selects and
 /// casts, an operand broadcast along the inner axis and one along the outer; row softmax and
 /// layer norm (reduction passes with vector bodies, next-row prefetches), and a sum of
 /// softplus (a long-chain reduction pass).

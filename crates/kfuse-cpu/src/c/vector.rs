@@ -32,11 +32,16 @@ use super::{binary, compare_op, index_op, unary, v};
 /// Blocks of 16 per iteration of a vector loop.
 pub(super) const UNROLL: usize = 2;
 
-/// Blocks of 16 per iteration where a pass's arithmetic is a long chain ([`LONG_CHAIN`]).
-pub(super) const LONG_CHAIN_BLOCKS: usize = 8;
+/// Blocks of 16 per iteration where a pass's arithmetic is a chain of [`MEDIUM_CHAIN`] to
+/// [`LONG_CHAIN`] vector instructions per block (a `tanh`, a `sigmoid`)...
+const MEDIUM_CHAIN_BLOCKS: usize = 4;
 
-/// The chain length, in vector instructions per block, from which a pass runs
-/// [`LONG_CHAIN_BLOCKS`] blocks per iteration.
+/// ...and where it is longer (`log(exp(x) + 1)`, `softplus`).
+const LONG_CHAIN_BLOCKS: usize = 8;
+
+/// The chain lengths, in vector instructions per block, from which a pass runs
+/// [`MEDIUM_CHAIN_BLOCKS`] and [`LONG_CHAIN_BLOCKS`] blocks per iteration.
+const MEDIUM_CHAIN: usize = 16;
 const LONG_CHAIN: usize = 32;
 
 /// How far ahead (in elements) the loads of a long-chain pass prefetch.
@@ -238,9 +243,10 @@ impl<'a> VectorPass<'a> {
         }
     }
 
-    /// Blocks per iteration of this pass's vector loop: [`LONG_CHAIN_BLOCKS`] where its
-    /// arithmetic is a long serial chain ([`LONG_CHAIN`] or more instructions per block through
-    /// the transcendental functions), [`UNROLL`] otherwise.
+    /// Blocks per iteration of this pass's vector loop: more where its arithmetic is a longer
+    /// serial chain through the transcendental functions ([`MEDIUM_CHAIN_BLOCKS`],
+    /// [`LONG_CHAIN_BLOCKS`]), [`UNROLL`] otherwise. More blocks overlap more chains, and spill
+    /// more registers: `tanh` kernels ran best at four, `log(exp(x) + 1)` at eight.
     pub(super) fn blocks(&self) -> usize {
         let chain: usize = (0..self.kernel.insts.len())
             .filter(|&k| self.compute[k] && !self.reload[k])
@@ -251,6 +257,8 @@ impl<'a> VectorPass<'a> {
             .sum();
         if chain >= LONG_CHAIN {
             LONG_CHAIN_BLOCKS
+        } else if chain >= MEDIUM_CHAIN {
+            MEDIUM_CHAIN_BLOCKS
         } else {
             UNROLL
         }
@@ -421,17 +429,24 @@ impl<'a> VectorPass<'a> {
     }
 }
 
-/// Roughly how many dependent vector instructions the 16-lane form of `op` takes (1 for single
-/// instructions).
+/// Roughly how many dependent vector instructions the 16-lane form of `op` takes, along its
+/// longest path (1 for single instructions): `tanh`'s polynomial runs beside its exponential.
 fn chain_length(op: UnaryOp) -> usize {
     match op {
         UnaryOp::Exp | UnaryOp::Exp2 => 14,
         UnaryOp::Sigmoid => 18,
         UnaryOp::Log | UnaryOp::Log2 => 20,
-        UnaryOp::Log1p | UnaryOp::Tanh => 28,
+        UnaryOp::Tanh => 22,
+        UnaryOp::Log1p => 28,
         UnaryOp::Softplus => 45,
         _ => 1,
     }
+}
+
+/// Whether a pass running `blocks` blocks per iteration prefetches its loads ahead (see
+/// [`VectorPass::bodies`]).
+pub(super) fn prefetches_ahead(blocks: usize) -> bool {
+    blocks >= MEDIUM_CHAIN_BLOCKS
 }
 
 /// Index instruction `id` as a C expression of the outer and inner indices `o` and `j`, where
