@@ -243,18 +243,27 @@ impl<'a> VectorPass<'a> {
         }
     }
 
-    /// Blocks per iteration of this pass's vector loop: more where its arithmetic is a longer
-    /// serial chain through the transcendental functions ([`MEDIUM_CHAIN_BLOCKS`],
+    /// Blocks per iteration of this pass's vector loop: more where its longest dependency path
+    /// is longer, as through the transcendental functions ([`MEDIUM_CHAIN_BLOCKS`],
     /// [`LONG_CHAIN_BLOCKS`]), [`UNROLL`] otherwise. More blocks overlap more chains, and spill
     /// more registers: `tanh` kernels ran best at four, `log(exp(x) + 1)` at eight.
     pub(super) fn blocks(&self) -> usize {
-        let chain: usize = (0..self.kernel.insts.len())
-            .filter(|&k| self.compute[k] && !self.reload[k])
-            .map(|k| match self.kernel.insts[k].kind {
+        // The pass's longest dependency path, in vector instructions: a long path of few
+        // instructions wants more blocks, many short independent ones do not.
+        let mut depth = vec![0usize; self.kernel.insts.len()];
+        for k in 0..self.kernel.insts.len() {
+            if !self.compute[k] || self.reload[k] {
+                continue;
+            }
+            let inst = self.kernel.insts[k];
+            let weight = match inst.kind {
                 InstKind::Unary(op, _) => chain_length(op),
                 _ => 1,
-            })
-            .sum();
+            };
+            let before = inst.operands().iter().map(|o| depth[o.index()]).max();
+            depth[k] = weight + before.unwrap_or(0);
+        }
+        let chain = depth.into_iter().max().unwrap_or(0);
         if chain >= LONG_CHAIN {
             LONG_CHAIN_BLOCKS
         } else if chain >= MEDIUM_CHAIN {
