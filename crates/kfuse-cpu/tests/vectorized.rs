@@ -15,10 +15,9 @@ use kfuse_kernel::{lower, Step};
 
 /// Ops whose scalar C stays scalar, and why: `sin` and `cos` reduce large arguments through a
 /// multi-word table with a data-dependent loop (their 16-lane forms in vector bodies vectorize
-/// the common reduction and recompute only such lanes); `erf` and the erf form of GELU call libm's
-/// double `exp`, `rem` libm's `fmodf` and `pow` libm's `powf` (the reference's definitions),
-/// which have no vector form.
-const SCALAR: &[&str] = &["sin", "cos", "erf", "gelu", "rem", "pow"];
+/// the common reduction and recompute only such lanes); `rem` calls libm's `fmodf` and `pow`
+/// libm's `powf` (the reference's definitions), which have no vector form.
+const SCALAR: &[&str] = &["sin", "cos", "rem", "pow"];
 
 const BINARY: &[&str] = &["add", "sub", "mul", "div", "max", "min", "rem", "pow"];
 

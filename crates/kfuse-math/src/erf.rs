@@ -45,12 +45,46 @@ fn erf_small(y: f64) -> f64 {
     y * horner(&SMALL, y * y)
 }
 
+/// `e^t` for `-110 <= t <= 0`, to a few f64 ulps (relative error below 1e-14): Cody-Waite
+/// reduction `t = k ln2 + r` with fdlibm's split of `ln 2`, the Taylor series of `e^r` to degree
+/// 11 (`|r| <= ln2 / 2`, remainder below 7e-15), and an exact scaling by `2^k`. The tail of
+/// `erfc` needs far less than f64 accuracy before its result rounds to f32; unlike libm's `exp`,
+/// this is the same operation sequence in the C port, where it vectorizes, so kernels calling
+/// `erf` and the erf form of GELU compile to vector code and stay bit-identical. Arguments below
+/// -110 (where `erfc` is selected away) compute as -110, so nothing underflows.
+#[inline]
+fn exp_tail(t: f64) -> f64 {
+    const LN2_HI: f64 = 6.931_471_803_691_238_2e-1; // 0x3fe62e42fee00000: k * LN2_HI is exact
+    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+    let t = if t > -110.0 { t } else { -110.0 };
+    let k = (t * std::f64::consts::LOG2_E).round_ties_even();
+    let r = t - k * LN2_HI - k * LN2_LO;
+    let p = EXP_TAYLOR.iter().rev().fold(0.0, |acc, &c| acc * r + c);
+    p * f64::from_bits(((k as i64 + 1023) as u64) << 52)
+}
+
+/// `1 / n!` for `n = 0..=11`.
+const EXP_TAYLOR: [f64; 12] = [
+    1.0,
+    1.0,
+    0.5,
+    1.0 / 6.0,
+    1.0 / 24.0,
+    1.0 / 120.0,
+    1.0 / 720.0,
+    1.0 / 5040.0,
+    1.0 / 40320.0,
+    1.0 / 362880.0,
+    1.0 / 3628800.0,
+    1.0 / 39916800.0,
+];
+
 /// `erfc(y)` for `y >= 1`; zero past 10.1, where it is below the smallest f32.
 fn erfc_tail(y: f64) -> f64 {
     if y > 10.1 {
         return 0.0;
     }
-    (-(y * y) + horner(&TAIL, 1.0 / y)).exp() / y
+    exp_tail(-(y * y) + horner(&TAIL, 1.0 / y)) / y
 }
 
 /// `erfc(y)` for any finite `y`.
