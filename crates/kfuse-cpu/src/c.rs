@@ -515,6 +515,10 @@ fn vector_pass<'a>(
     )
 }
 
+/// Blocks per iteration, and accumulators (`vacc`, `vacc1`..`vacc3`), of a vector max or min
+/// reduction: four independent accumulators hide the combine's latency.
+const MINMAX_ACCUMULATORS: usize = 4;
+
 /// Whether a reduction's terms can combine as 16-lane vectors: f32 terms into an f32 result, by
 /// an op with a vector combine.
 fn vector_reduction(op: ReduceOp, d: DType, vd: DType) -> bool {
@@ -811,10 +815,9 @@ pub fn vector_passes(kernel: &Kernel) -> Vec<Result<usize, String>> {
             if !vector_reduction(op, d, vd) {
                 return Err(format!("kernel IR %{i} is {} of {vd}", op.name()));
             }
-            // Max and min reductions run four blocks into four accumulators.
             vector_pass(kernel, &passes, p).map(|vp| {
                 if matches!(op, ReduceOp::Max | ReduceOp::Min) {
-                    4
+                    MINMAX_ACCUMULATORS
                 } else {
                     vp.blocks()
                 }
@@ -983,7 +986,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
                         "                {vty} vacc1 = vacc, vacc2 = vacc, vacc3 = vacc;"
                     )
                     .unwrap();
-                    &[(4, 4), (1, 1)]
+                    &[(MINMAX_ACCUMULATORS, MINMAX_ACCUMULATORS), (1, 1)]
                 } else {
                     // One accumulator: the blocks' terms combine in order.
                     &[(vp.blocks(), 1), (1, 1)]
@@ -1006,7 +1009,7 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
                         writeln!(s, "{inner}{acc} = {f}({acc}, {});", vp.vector(value, u)).unwrap();
                     }
                     writeln!(s, "                }}").unwrap();
-                    if accs == 4 {
+                    if accs == MINMAX_ACCUMULATORS {
                         writeln!(
                             s,
                             "                vacc = {f}({f}(vacc, vacc1), {f}(vacc2, vacc3));"

@@ -59,8 +59,7 @@ fn exp_tail(t: f64) -> f64 {
     let t = if t > -110.0 { t } else { -110.0 };
     let k = (t * std::f64::consts::LOG2_E).round_ties_even();
     let r = t - k * LN2_HI - k * LN2_LO;
-    let p = EXP_TAYLOR.iter().rev().fold(0.0, |acc, &c| acc * r + c);
-    p * f64::from_bits(((k as i64 + 1023) as u64) << 52)
+    horner(&EXP_TAYLOR, r) * f64::from_bits(((k as i64 + 1023) as u64) << 52)
 }
 
 /// `1 / n!` for `n = 0..=11`.

@@ -14,13 +14,13 @@
 //!
 //! Bodies are emitted several blocks per loop iteration, instruction by instruction across the
 //! blocks, their stores last: transcendental chains are long and serial, and independent blocks
-//! give GCC's scheduler (`-fschedule-insns`) and the out-of-order core work to overlap. Passes
-//! whose chain is long ([`LONG_CHAIN`] vector instructions per block or more, as in
-//! `log(exp(x) + 1)` or `tanh`) run eight blocks per iteration and prefetch their loads ahead;
-//! others run two. `log(exp(x) + 1)` on one thread: 0.27-0.29 ns per element with eight
-//! blocks, in cache and over 16M elements, against 0.35-0.38 with two (one: 0.41; four, block
-//! by block: 0.31-0.33). `tanh(0.5 x + 0.1)`: 0.25-0.26 against 0.27-0.28 in cache, the same
-//! over 16M elements (memory-bound); softmax's `exp` pass gains nothing, so it keeps two.
+//! give GCC's scheduler (`-fschedule-insns`) and the out-of-order core work to overlap. A pass
+//! runs eight blocks per iteration where its longest dependency path is [`LONG_CHAIN`] vector
+//! instructions or more (`log(exp(x) + 1)`, `softplus`), four from [`MEDIUM_CHAIN`] (`tanh`,
+//! `sigmoid`, softmax's `exp` pass), two otherwise; four and eight prefetch their loads ahead.
+//! On one thread in cache, `log(exp(x) + 1)` takes 0.26-0.29 ns per element with eight blocks,
+//! 0.30 with four and 0.36 with two; `tanh(0.5 x + 0.1)` 0.24 with four, 0.24-0.26 with eight
+//! and 0.27 with two, and over 16M elements four beat eight (more spills).
 
 use std::fmt::Write;
 
@@ -44,7 +44,7 @@ const LONG_CHAIN_BLOCKS: usize = 8;
 const MEDIUM_CHAIN: usize = 16;
 const LONG_CHAIN: usize = 32;
 
-/// How far ahead (in elements) the loads of a long-chain pass prefetch.
+/// How far ahead (in elements) the loads of a four- or eight-block pass prefetch.
 const AHEAD: usize = 1024;
 
 /// Lanes per vector value.
