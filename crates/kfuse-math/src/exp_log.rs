@@ -75,7 +75,7 @@ fn reduce_ln2(x: f32) -> (i32, f32) {
     (small_int(k), r)
 }
 
-/// `e^x` for f32. Max error 1 ulp over all inputs (see `docs/vector-math.md`).
+/// `e^x` for f32. Max error 1 ulp over all inputs (see `docs/numerics.md`).
 ///
 /// Branch-free, so that loops calling it vectorize: the argument is clamped to
 /// `[-110, 89]`, beyond which the scaled result already rounds to 0 or overflows to infinity

@@ -6,8 +6,9 @@
 //!
 //! * `f32` transcendentals ([`exp_f32`], [`log_f32`], [`tanh_f32`], ...) are kfuse's own
 //!   branch-light polynomial code with fixed operation order and no fused multiply-add.
-//!   [`erf_f32`], both GELU forms, [`rsqrt_f32`] and [`pow_f32`] evaluate in `f64` (through the
-//!   platform's `exp`/`pow` where needed) and round once; every bound is in `docs/vector-math.md` and checked by tests.
+//!   [`erf_f32`], both GELU forms, [`rsqrt_f32`] and [`pow_f32`] evaluate in `f64` and round
+//!   once (`pow` through the platform's `pow`; `erf` and GELU through kfuse's own exponentials,
+//!   so they vectorize); every bound is in `docs/numerics.md` and checked by tests.
 //! * `f64` transcendentals use the platform's `f64` libm (and the `libm` crate for `erf`).
 //! * Scalar semantics shared by all dtypes: IEEE 754-2019 `maximum`/`minimum`, numpy remainder and
 //!   floor division, saturating casts.
