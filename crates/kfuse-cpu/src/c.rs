@@ -529,7 +529,7 @@ fn vector_reduction(op: ReduceOp, d: DType, vd: DType) -> bool {
 /// has one ([`VectorPass::blocks`] per iteration while they last), the rest through the scalar
 /// body. Bodies are rendered at `indent` plus eight spaces, each block followed by `prefetch`'s
 /// next-row prefetches where given; with `ahead` (a pass that reads its operands from memory),
-/// long-chain bodies prefetch their loads further on. With `align` (an address expression of
+/// bodies of four or more blocks prefetch their loads further on. With `align` (an address expression of
 /// `j`), scalar iterations come first until that address is 64-byte aligned.
 #[allow(clippy::too_many_arguments)]
 fn inner_loop(
