@@ -118,7 +118,11 @@ fn for_each_band_fitted(
     let pool = Pool::global();
     let by_cache = (TILE_BYTES / bytes_per_row.max(1)).max(1);
     let by_balance = (images * out_rows).div_ceil(4 * pool.threads()).max(1);
-    let rows = fit(by_cache.min(by_balance).min(out_rows).max(1)).clamp(1, out_rows.max(1));
+    let rows = by_cache.min(by_balance).min(out_rows).max(1);
+    // Bands of equal height: the last one as long as the others, so that no thread is left
+    // with a long band while the others idle.
+    let rows = out_rows.div_ceil(out_rows.div_ceil(rows));
+    let rows = fit(rows).clamp(1, out_rows.max(1));
     let bands = out_rows.div_ceil(rows);
     pool.run(images * bands, &|t| {
         let (n, band) = (t / bands, t % bands);

@@ -158,6 +158,14 @@ fn cases() -> Vec<Case> {
         case([1, 4, 9, 21], 4, [5, 5], [1, 1], [2, 2, 2, 2], [2, 1], 4),
         case([2, 4, 6, 16], 4, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 4),
         case([1, 3, 7, 40], 3, [3, 3], [1, 1], [0, 1, 2, 0], [1, 3], 3),
+        // The in-place f32 NCHW kernel (3×3 and 5×5, stride 1, no dilation): rows of 17 and
+        // 33 (a last block of one lane), of 1, no padding, uneven padding, and padding wider
+        // than the filter's reach (output rows and columns made of padding alone).
+        case([1, 6, 10, 17], 6, [5, 5], [1, 1], [2, 2, 2, 2], [1, 1], 6),
+        case([2, 3, 5, 33], 3, [5, 5], [1, 1], [1, 3, 0, 4], [1, 1], 3),
+        case([1, 4, 7, 1], 4, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 4),
+        case([1, 4, 6, 20], 4, [3, 3], [1, 1], [0, 0, 0, 0], [1, 1], 4),
+        case([1, 2, 3, 5], 2, [3, 3], [1, 1], [3, 2, 3, 3], [1, 1], 2),
         // Pointwise: plain, grouped, strided (not a plain product).
         case([2, 16, 5, 7], 12, [1, 1], [1, 1], [0; 4], [1, 1], 1),
         case([2, 16, 5, 7], 12, [1, 1], [1, 1], [0; 4], [1, 1], 4),
@@ -339,6 +347,7 @@ fn structured_programs() -> Vec<(String, usize)> {
         dsc("nchw", "[2, 8, 13, 11]", "[2, 2]", "", false),
         dsc("nchw", "[1, 8, 40, 23]", "[1, 1]", "[1, 12, 1, 1]", false),
         dsc("nchw", "[1, 8, 5, 32]", "[1, 1]", "", true),
+        dsc("nchw", "[3, 8, 17, 1]", "[1, 1]", "", false),
         // f64 takes the `gemm` path of the separable block (as f32 does without AVX-512).
         {
             let (text, terms) = dsc("nchw", "[1, 8, 7, 19]", "[1, 1]", "[12, 1, 1]", true);
