@@ -439,7 +439,11 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
     if only.is_empty() || only.iter().any(|o| o == "W5a" || o == "W5b") {
         report["gemm_epilogues"] = gemm_epilogues(&cache, runs, scale, as_json, only)?;
     }
-    if only.is_empty() || only.iter().any(|o| o.starts_with("W6") || o == "W7") {
+    if only.is_empty()
+        || only
+            .iter()
+            .any(|o| o.starts_with("W6") || o == "W7" || o == "mobilenet")
+    {
         report["convolutions"] = conv_workloads(&cache, runs, quick, as_json, only)?;
     }
     if only.is_empty() || only.iter().any(|o| o == "activations") {
@@ -759,6 +763,38 @@ fn conv_workloads(
             json!({"id": "W6a", "ms": fused, "unfused_ms": unfused, "speedup": unfused / fused}),
         );
         rows.push(json!({"id": "W6b", "ms": w6b, "ratio_to_w6a": w6b / fused}));
+    }
+    if wanted("mobilenet") {
+        // W6a's shape as MobileNet runs it, batchnorms folded: each half with its own
+        // per-channel bias and ReLU.
+        let block = input("x", &[n, 64, hw6, hw6])
+            + &input("wd", &[64, 1, 3, 3])
+            + &input("bd", &[64, 1, 1])
+            + &input("wp", &[128, 64, 1, 1])
+            + &input("b", &[128, 1, 1])
+            + &conv("x", "wd", "d", 64, 1)
+            + "%e = add(%d, %bd)\n%a = relu(%e)\n"
+            + &conv("a", "wp", "p", 1, 0)
+            + "%s = add(%p, %b)\n%y = relu(%s)\noutput \"y\" = %y\n";
+        let frozen = vec![
+            ("wd".to_string(), randn(&[64, 1, 3, 3], 0.3)?),
+            ("bd".to_string(), randn(&[64, 1, 1], 0.1)?),
+            ("wp".to_string(), randn(&[128, 64, 1, 1], 0.1)?),
+            ("b".to_string(), randn(&[128, 1, 1], 0.1)?),
+        ];
+        let cases = [
+            prepare(&block, &frozen, kfuse::FusePolicy::Cost, cache)?,
+            prepare(&block, &frozen, kfuse::FusePolicy::None, cache)?,
+        ];
+        let ms = interleaved_ms(&cases, runs)?;
+        let (fused, unfused) = (ms[0], ms[1]);
+        if !as_json {
+            println!(
+                "mobilenet (W6a with bias + ReLU after each half): fused {fused:.2} ms, unfused {unfused:.2} ms ({:.2}x)",
+                unfused / fused
+            );
+        }
+        rows.push(json!({"id": "mobilenet", "ms": fused, "unfused_ms": unfused, "speedup": unfused / fused}));
     }
     if wanted("W7") {
         let c = 64;

@@ -307,8 +307,20 @@ fn structured_head(graph: &Graph, group: &kfuse::fusion::StructuredGroup) -> Str
         }
     }
     if let Some(d) = group.depthwise {
+        let mut own = Vec::new();
+        if let Some(a) = group.depthwise_bias_add {
+            own.push(format!("per-channel bias add %{}", a.0));
+        }
+        if let Some(a) = group.depthwise_activation {
+            own.push(format!("{} %{}", graph.node(a).op.name(), a.0));
+        }
+        let own = if own.is_empty() {
+            String::new()
+        } else {
+            format!(", its {} applied to each tile in cache", own.join(" + "))
+        };
         parts.push(format!(
-            "depthwise conv2d %{} computed tile by tile into cache and consumed there (its output is never stored)",
+            "depthwise conv2d %{} computed tile by tile into cache{own} and consumed there (its output is never stored)",
             d.0
         ));
     }

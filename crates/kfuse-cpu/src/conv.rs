@@ -69,6 +69,15 @@ impl<'a, T: Real> Post<'a, T> {
         self.bias.is_none() && self.residual.is_none() && self.act.is_none()
     }
 
+    /// The empty epilogue.
+    fn none() -> Self {
+        Post {
+            bias: None,
+            residual: None,
+            act: None,
+        }
+    }
+
     /// The tail for `len` values of output channel `channel` that start at output element `at`
     /// (an NCHW run).
     fn channel(&self, channel: usize, at: usize, len: usize) -> Tail<'a, T> {
@@ -284,16 +293,20 @@ fn f32_operands<'a, T: Real>(
     ws: &'a [T],
     post: Post<'a, T>,
 ) -> Option<(&'a [f32], &'a [f32], Post<'a, f32>)> {
+    Some((T::f32s(xs)?, T::f32s(ws)?, f32_post(post)?))
+}
+
+/// The epilogue's operands as f32, if `T` is f32.
+fn f32_post<'a, T: Real>(post: Post<'a, T>) -> Option<Post<'a, f32>> {
     let typed = |v: Option<&'a [T]>| match v {
         None => Some(None),
         Some(v) => T::f32s(v).map(Some),
     };
-    let post = Post {
+    Some(Post {
         bias: typed(post.bias)?,
         residual: typed(post.residual)?,
         act: post.act,
-    };
-    Some((T::f32s(xs)?, T::f32s(ws)?, post))
+    })
 }
 
 /// General convolution: per task, the im2col columns of a band of output rows, one GEMM per
@@ -461,6 +474,13 @@ fn depthwise<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Post<
                 Layout::Nhwc => ((n * oh + r0) * ow * c, 0),
                 Layout::Nchw => ((n * c * oh + r0) * ow, oh * ow),
             };
+            // A bias and an activation are applied by the kernel, to each channel's rows as they
+            // are computed; a residual (and what follows it) in a pass over the band.
+            let (inside, after) = if post.residual.is_none() {
+                (post, Post::none())
+            } else {
+                (Post::none(), post)
+            };
             // SAFETY: rows r0..r1 of image n (every channel) lie inside `y` and belong to this
             // task alone.
             unsafe {
@@ -472,10 +492,11 @@ fn depthwise<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Post<
                     band.clone(),
                     Out(out.ptr().add(at)),
                     channel_stride,
+                    inside,
                 )
             };
             // SAFETY: as above.
-            unsafe { finish_band(g, out.ptr(), n, r0, r1, post) };
+            unsafe { finish_band(g, out.ptr(), n, r0, r1, after) };
         },
     );
 }
@@ -502,24 +523,30 @@ pub fn is_separable_block(
 }
 
 /// A depthwise convolution followed by a pointwise (1×1) one, fused: each task computes the
-/// depthwise output of a band of rows into a cache-sized tile and multiplies it by the pointwise
-/// weights straight into the output.
+/// depthwise output of a band of rows into a cache-sized tile, applies the depthwise half's
+/// own epilogue there (`middle`: a per-channel bias, then an activation; no residual), and
+/// multiplies it by the pointwise weights straight into the output.
 #[allow(clippy::too_many_arguments)]
 pub fn separable(
     x: View,
     depthwise_weight: View,
     depthwise_attrs: &Conv2dAttrs,
     middle_dims: &[usize],
+    middle: &Epilogue,
     pointwise_weight: View,
     out_dims: &[usize],
     out: &mut Storage,
     epilogue: &Epilogue,
 ) -> Result<(), String> {
+    if middle.residual.is_some() {
+        return Err("the depthwise half of a separable block takes no residual".into());
+    }
     let args = (
         x,
         depthwise_weight,
         depthwise_attrs,
         middle_dims,
+        middle,
         pointwise_weight,
         out_dims,
     );
@@ -535,12 +562,13 @@ type SeparableArgs<'a> = (
     View<'a>,
     &'a Conv2dAttrs,
     &'a [usize],
+    &'a Epilogue<'a>,
     View<'a>,
     &'a [usize],
 );
 
 fn separable_typed<T: Real>(
-    (x, depthwise_weight, depthwise_attrs, middle_dims, pointwise_weight, out_dims): SeparableArgs,
+    (x, depthwise_weight, depthwise_attrs, middle_dims, middle, pointwise_weight, out_dims): SeparableArgs,
     out: &mut Storage,
     epilogue: &Epilogue,
 ) -> Result<(), String> {
@@ -563,14 +591,18 @@ fn separable_typed<T: Real>(
     };
     let y = output::<T>(out, out_dims)?;
     let post = Post::<T>::new(epilogue, c_out, y.len())?;
+    let middle = Post::<T>::new(middle, c, 0)?;
     if y.is_empty() {
         return Ok(());
     }
     if g.layout == Layout::Nchw && crate::dense::has_avx512() {
-        if let (Some((xs, wd, post)), Some(wp), Some(y)) =
-            (f32_operands(xs, wd, post), T::f32s(wp), T::f32s_mut(y))
-        {
-            direct::separable(&g, xs, wd, wp, c_out, y, post);
+        if let (Some((xs, wd, post)), Some(wp), Some(middle), Some(y)) = (
+            f32_operands(xs, wd, post),
+            T::f32s(wp),
+            f32_post(middle),
+            T::f32s_mut(y),
+        ) {
+            direct::separable(&g, xs, wd, middle, wp, c_out, y, post);
             return Ok(());
         }
     }
@@ -586,7 +618,18 @@ fn separable_typed<T: Real>(
             with_scratch(c * p, |tile: &mut [T]| {
                 // NCHW: [channel][row][col]; NHWC: [row][col][channel].
                 // SAFETY: the tile holds every channel's rows, and is this task's.
-                unsafe { depthwise::band(&g, xs, wd, n, band.clone(), Out(tile.as_mut_ptr()), p) };
+                unsafe {
+                    depthwise::band(
+                        &g,
+                        xs,
+                        wd,
+                        n,
+                        band.clone(),
+                        Out(tile.as_mut_ptr()),
+                        p,
+                        middle,
+                    )
+                };
                 // SAFETY: the tile is C x P (NCHW) or P x C (NHWC); the destination band belongs to
                 // this task alone.
                 unsafe {

@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! %d = conv2d(%x, %wd) groups=C          (depthwise)      one kernel:
-//! %p = conv2d(%d, %wp)                   (1×1 pointwise)   depthwise tile -> pointwise GEMM
+//! %e = add(%d, %bd)   (per channel)      (optional)        depthwise tile -> its bias ->
+//! %a = relu(%e)                          (optional)        its activation, in cache ->
+//! %p = conv2d(%a, %wp)                   (1×1 pointwise)   pointwise GEMM
 //! %b = add(%p, %bias)                    (per channel)     -> bias -> residual ->
 //! %r = add(%b, %skip)                     (same shape)      activation, per output tile
 //! %y = relu(%r)      (or gelu_tanh)
@@ -12,9 +14,13 @@
 //! are read in place through the GEMM's strides (never materialized), and a per-column bias and
 //! an activation are applied to its output.
 //!
-//! Before: up to four kernels, with the depthwise output (as large as the input) and the
+//! The depthwise half may carry its own per-channel bias and activation, as in MobileNet, where
+//! inference folds each batchnorm into the convolution before it: `depthwise → bias → ReLU →
+//! pointwise → bias → ReLU` is one kernel.
+//!
+//! Before: up to six kernels, with the depthwise output (as large as the input) and the
 //! convolution's output written to memory and read back. After: one kernel that never stores
-//! the depthwise output and applies the epilogue while each output tile is in cache. Each
+//! the depthwise output and applies the epilogues while each tile is in cache. Each
 //! absorption requires the absorbed value to have exactly one user and not be a graph output;
 //! when a neighbour is not absorbed the reason is recorded.
 
@@ -25,9 +31,17 @@ use kfuse_ir::{BinaryOp, Graph, Layout, NodeId, Op, UnaryOp, Value};
 /// A convolution or matmul with the neighbours it absorbs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StructuredGroup {
-    /// A depthwise convolution whose only user is `anchor`, a 1×1 convolution: a
-    /// depthwise-separable block.
+    /// A depthwise convolution whose only user is `anchor`, a 1×1 convolution, directly or
+    /// through `depthwise_bias_add` and `depthwise_activation`: a depthwise-separable block.
     pub depthwise: Option<NodeId>,
+    /// `add(depthwise, bias)` with one bias value per channel, between the depthwise and the
+    /// pointwise convolutions.
+    pub depthwise_bias_add: Option<NodeId>,
+    /// The bias operand of `depthwise_bias_add`.
+    pub depthwise_bias: Option<Value>,
+    /// An [`Activation`] of the depthwise result (after its bias), before the pointwise
+    /// convolution.
+    pub depthwise_activation: Option<NodeId>,
     /// Matmul only: `permute` nodes swapping the last two axes of the left and right operands,
     /// folded into the GEMM's strides.
     pub transposed: [Option<NodeId>; 2],
@@ -86,6 +100,8 @@ impl StructuredGroup {
         transposes.sort();
         self.depthwise
             .into_iter()
+            .chain(self.depthwise_bias_add)
+            .chain(self.depthwise_activation)
             .chain(transposes)
             .chain([self.anchor])
             .chain(self.bias_add)
@@ -115,8 +131,19 @@ impl StructuredGroup {
             }
         }
         if let Some(d) = self.depthwise {
+            let own: Vec<String> = self
+                .depthwise_bias_add
+                .into_iter()
+                .chain(self.depthwise_activation)
+                .map(name)
+                .collect();
+            let own = if own.is_empty() {
+                String::new()
+            } else {
+                format!(" ({} applied to it in cache)", own.join(" + "))
+            };
             parts.push(format!(
-                "depthwise {} consumed tile by tile, never stored",
+                "depthwise {}{own} consumed tile by tile, never stored",
                 name(d)
             ));
         }
@@ -252,6 +279,65 @@ fn is_channel_bias(graph: &Graph, conv: NodeId, bias: Value) -> bool {
     }) && b.shape.rank() + channel_axis >= rank
 }
 
+/// The depthwise half of a separable block ending at pointwise convolution `pointwise`: walking
+/// back from its input through at most an activation and, before it, a per-channel bias add, to
+/// a depthwise convolution, each value on the way used only by the next node. Returns the
+/// depthwise node, the bias add with its bias operand, and the activation; or why not, where a
+/// depthwise convolution was there to absorb.
+#[allow(clippy::type_complexity)]
+fn depthwise_chain(
+    graph: &Graph,
+    users: &BTreeMap<Value, Vec<NodeId>>,
+    pointwise: NodeId,
+) -> Option<Result<(NodeId, Option<(NodeId, Value)>, Option<NodeId>), String>> {
+    if !is_pointwise(graph, pointwise) {
+        return None;
+    }
+    let mut v = graph.node(pointwise).operands[0];
+    let activation = Activation::of(&graph.node(v.node).op).map(|_| v.node);
+    if let Some(a) = activation {
+        v = graph.node(a).operands[0];
+    }
+    let mut bias = None;
+    if graph.node(v.node).op == Op::Binary(BinaryOp::Add) {
+        let operands = &graph.node(v.node).operands;
+        let found = operands.iter().enumerate().find_map(|(i, &d)| {
+            let other = operands[1 - i];
+            (is_depthwise(graph, d.node) && d.result == 0 && is_channel_bias(graph, d.node, other))
+                .then_some((d, other))
+        });
+        if let Some((d, other)) = found {
+            bias = Some((v.node, other));
+            v = d;
+        }
+    }
+    if !is_depthwise(graph, v.node) || v.result != 0 {
+        return None;
+    }
+    // Every value from the depthwise output to the pointwise input has one user, the next.
+    let mut links = vec![v];
+    links.extend(bias.map(|(add, _)| value(add)));
+    links.extend(activation.map(value));
+    for link in links {
+        if let Err(why) = single_use(graph, users, link) {
+            let at = if link == v {
+                String::new()
+            } else {
+                format!(
+                    "{} %{} between them: ",
+                    graph.node(link.node).op.name(),
+                    link.node.0
+                )
+            };
+            return Some(Err(format!(
+                "depthwise %{} stays a kernel of its own before pointwise %{}: {at}{why}",
+                v.node.0, pointwise.0,
+            )));
+        }
+    }
+    Some(Ok((v.node, bias, activation)))
+}
+
 /// Whether `id` is a permute swapping the last two axes (a matrix transpose, batch axes kept).
 fn is_transpose(graph: &Graph, id: NodeId) -> bool {
     let Op::Permute { perm } = &graph.node(id).op else {
@@ -269,20 +355,28 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
     let users = use_counts(graph);
     let mut groups = Vec::new();
     let mut taken: Vec<NodeId> = Vec::new();
+    // Depthwise convolutions absorbed by a later pointwise one, found first so that they are
+    // not made groups of their own.
+    let chains: BTreeMap<NodeId, _> = graph
+        .node_ids()
+        .filter_map(|id| Some((id, depthwise_chain(graph, &users, id)?)))
+        .collect();
+    let absorbed: Vec<NodeId> = chains
+        .values()
+        .filter_map(|c| c.as_ref().ok().map(|(d, _, _)| *d))
+        .collect();
     for id in graph.node_ids() {
-        if !matches!(graph.node(id).op, Op::Conv2d(_) | Op::MatMul) || taken.contains(&id) {
+        if !matches!(graph.node(id).op, Op::Conv2d(_) | Op::MatMul)
+            || taken.contains(&id)
+            || absorbed.contains(&id)
+        {
             continue;
-        }
-        // A depthwise conv is absorbed by its pointwise user, so it is handled from there.
-        if is_depthwise(graph, id) {
-            if let Ok(user) = single_use(graph, &users, value(id)) {
-                if is_pointwise(graph, user) && graph.node(user).operands[0] == value(id) {
-                    continue;
-                }
-            }
         }
         let mut group = StructuredGroup {
             depthwise: None,
+            depthwise_bias_add: None,
+            depthwise_bias: None,
+            depthwise_activation: None,
             transposed: [None, None],
             anchor: id,
             bias_add: None,
@@ -305,15 +399,15 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
                 }
             }
         }
-        let input = graph.node(id).operands[0];
-        if is_pointwise(graph, id) && is_depthwise(graph, input.node) && input.result == 0 {
-            match single_use(graph, &users, input) {
-                Ok(_) => group.depthwise = Some(input.node),
-                Err(why) => notes.push(format!(
-                    "depthwise %{} stays a kernel of its own before pointwise %{}: {why}",
-                    input.node.0, id.0
-                )),
+        match chains.get(&id) {
+            Some(Ok((d, bias, activation))) => {
+                group.depthwise = Some(*d);
+                group.depthwise_bias_add = bias.map(|(add, _)| add);
+                group.depthwise_bias = bias.map(|(_, b)| b);
+                group.depthwise_activation = *activation;
             }
+            Some(Err(why)) => notes.push(why.clone()),
+            None => {}
         }
         // The epilogue, in this order: a per-channel bias, a residual (an operand of the
         // output's own shape), an activation. Each joins only if the value before it has that

@@ -8,4 +8,4 @@ pub mod text;
 pub use ir::{Access, Arg, IndexOp, Inst, InstId, InstKind, Kernel, Level};
 pub use kfuse_fusion::Activation;
 pub use lower::{lower, LowerError};
-pub use program::{Anchor, BufId, Buffer, BufferKind, Program, Step, StructuredCall};
+pub use program::{Anchor, BufId, Buffer, BufferKind, Depthwise, Program, Step, StructuredCall};

@@ -13,7 +13,7 @@ use kfuse_ir::{
 };
 
 use crate::ir::{Access, Arg, IndexOp, Inst, InstId, InstKind, Kernel};
-use crate::program::{Anchor, BufId, Buffer, BufferKind, Program, Step, StructuredCall};
+use crate::program::{Anchor, BufId, Buffer, BufferKind, Depthwise, Program, Step, StructuredCall};
 use crate::Activation;
 
 /// Why lowering failed. Lowering only fails on partitions that violate their own invariants, so
@@ -82,7 +82,17 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                         let depthwise = group.depthwise.map(|d| {
                             inputs.push(operand(d, 0));
                             inputs.push(operand(d, 1));
-                            (conv_attrs(d), graph.node(d).types[0].clone())
+                            if let Some(bias) = group.depthwise_bias {
+                                inputs.push(buf_of[&bias]);
+                            }
+                            Depthwise {
+                                attrs: conv_attrs(d),
+                                ty: graph.node(d).types[0].clone(),
+                                bias: group.depthwise_bias.is_some(),
+                                activation: group
+                                    .depthwise_activation
+                                    .and_then(|a| Activation::of(&graph.node(a).op)),
+                            }
                         });
                         if depthwise.is_none() {
                             inputs.push(operand(group.anchor, 0));

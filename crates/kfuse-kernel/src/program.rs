@@ -40,7 +40,7 @@ pub enum Step {
     },
     /// A convolution or matmul with the neighbours it absorbed (`kfuse_fusion::StructuredGroup`),
     /// run by one library routine. `inputs` are, for a convolution, the activations, the
-    /// depthwise weights (if any) and the weights; for a matmul its two operands (the
+    /// depthwise weights and bias (if any) and the weights; for a matmul its two operands (the
     /// untransposed sources where a transpose was folded); then the bias (if any). `outputs` is
     /// the group's one result.
     Structured {
@@ -54,10 +54,9 @@ pub enum Step {
 /// The structured op of a structured step.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Anchor {
-    /// A convolution, after a depthwise convolution whose (never stored) result has the given
-    /// type.
+    /// A convolution, after a depthwise convolution whose result is never stored.
     Conv {
-        depthwise: Option<(Conv2dAttrs, TensorType)>,
+        depthwise: Option<Depthwise>,
         conv: Conv2dAttrs,
     },
     /// A matmul; an operand marked with its transpose's permutation and result type is read
@@ -65,6 +64,18 @@ pub enum Anchor {
     MatMul {
         transposed: [Option<(Vec<usize>, TensorType)>; 2],
     },
+}
+
+/// The depthwise half of a depthwise-separable structured step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Depthwise {
+    pub attrs: Conv2dAttrs,
+    /// Its result's type (the same after its bias and activation).
+    pub ty: TensorType,
+    /// Add a per-channel bias (the input after the depthwise weights) to its result.
+    pub bias: bool,
+    /// Then this activation, before the result feeds the convolution.
+    pub activation: Option<Activation>,
 }
 
 /// What a structured step computes.
@@ -85,8 +96,14 @@ impl StructuredCall {
         let mut parts = Vec::new();
         match &self.anchor {
             Anchor::Conv { depthwise, .. } => {
-                if depthwise.is_some() {
+                if let Some(d) = depthwise {
                     parts.push("conv2d.depthwise");
+                    if d.bias {
+                        parts.push("add");
+                    }
+                    if let Some(a) = d.activation {
+                        parts.push(a.op().name());
+                    }
                 }
                 parts.push("conv2d");
             }

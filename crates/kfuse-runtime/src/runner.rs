@@ -507,9 +507,16 @@ fn reference_structured<'a>(
     let mut y = match &call.anchor {
         Anchor::Conv { depthwise, conv } => {
             let mut x = array(next.next().expect("activations"));
-            if let Some((attrs, middle)) = depthwise {
+            if let Some(d) = depthwise {
                 let w = array(next.next().expect("depthwise weights"));
-                x = eval(Op::Conv2d(attrs.clone()), middle, &[&x, &w])?;
+                x = eval(Op::Conv2d(d.attrs.clone()), &d.ty, &[&x, &w])?;
+                if d.bias {
+                    let bias = array(next.next().expect("depthwise bias"));
+                    x = eval(Op::Binary(BinaryOp::Add), &d.ty, &[&x, &bias])?;
+                }
+                if let Some(activation) = d.activation {
+                    x = eval(Op::Unary(activation.op()), &d.ty, &[&x])?;
+                }
             }
             let w = array(next.next().expect("weights"));
             eval(Op::Conv2d(conv.clone()), out_ty, &[&x, &w])?
@@ -541,8 +548,8 @@ fn reference_structured<'a>(
 }
 
 /// Runs a structured call on the fast routines into `out`. `operand(i)` is input `i` of the
-/// step: the activations or left operand, (the depthwise weights,) the weights or right
-/// operand, then the bias and the residual if the call adds them.
+/// step: the activations or left operand, (the depthwise weights and bias,) the weights or
+/// right operand, then the bias and the residual if the call adds them.
 fn fast_structured<'a>(
     call: &StructuredCall,
     operand: &dyn Fn(usize) -> kfuse_cpu::dense::View<'a>,
@@ -560,18 +567,25 @@ fn fast_structured<'a>(
     };
     match &call.anchor {
         Anchor::Conv {
-            depthwise: Some((depthwise, middle)),
-            ..
-        } => kfuse_cpu::conv::separable(
-            operand(0),
-            operand(1),
-            depthwise,
-            middle.shape.dims(),
-            operand(2),
-            out_dims,
-            out,
-            &epilogue,
-        ),
+            depthwise: Some(d), ..
+        } => {
+            let middle = kfuse_cpu::dense::Epilogue {
+                bias: d.bias.then(|| operand(2).storage),
+                residual: None,
+                activation: d.activation,
+            };
+            kfuse_cpu::conv::separable(
+                operand(0),
+                operand(1),
+                &d.attrs,
+                d.ty.shape.dims(),
+                &middle,
+                operand(2 + usize::from(d.bias)),
+                out_dims,
+                out,
+                &epilogue,
+            )
+        }
         Anchor::Conv {
             depthwise: None,
             conv,

@@ -305,6 +305,45 @@ fn separable_residual(layout: &str) -> (String, usize) {
     )
 }
 
+/// A MobileNet block (batchnorms folded): depthwise 3×3 → its per-channel bias (if `bias`) →
+/// `middle` (if any) → pointwise → bias → ReLU, in `layout` and `dtype`.
+fn mobilenet_block(
+    layout: &str,
+    dtype: &str,
+    x: &str,
+    bias: bool,
+    middle: &str,
+) -> (String, usize) {
+    let (c, cout) = (8, 12);
+    let (bd, b) = if layout == "nchw" {
+        (format!("[{c}, 1, 1]"), format!("[{cout}, 1, 1]"))
+    } else {
+        (format!("[{c}]"), format!("[{cout}]"))
+    };
+    let mut text = format!(
+        "%x = input() name=\"x\" : {dtype}{x}\n\
+         %wd = input() name=\"wd\" : {dtype}[{c}, 1, 3, 3]\n\
+         %wp = input() name=\"wp\" : {dtype}[{cout}, {c}, 1, 1]\n\
+         %b = input() name=\"b\" : {dtype}{b}\n\
+         %d = conv2d(%x, %wd) layout={layout} stride=[1, 1] padding=[1, 1, 1, 1] dilation=[1, 1] groups={c}\n"
+    );
+    let mut last = "%d".to_string();
+    if bias {
+        text += &format!("%bd = input() name=\"bd\" : {dtype}{bd}\n%e = add({last}, %bd)\n");
+        last = "%e".into();
+    }
+    if !middle.is_empty() {
+        text += &format!("%a = {middle}({last})\n");
+        last = "%a".into();
+    }
+    text += &format!(
+        "%p = conv2d({last}, %wp) layout={layout} stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n\
+         %s = add(%p, %b)\n%y = relu(%s)\noutput \"y\" = %y\n"
+    );
+    // A GELU between the halves is itself a rounded function of a sum of 9 + 1 terms.
+    (text, c * (9 + 2) + 3)
+}
+
 /// A program text with its inputs, and the sum length bounding each output's rounding.
 fn structured_programs() -> Vec<(String, usize)> {
     let dsc = |layout: &str, x: &str, stride: &str, bias: &str, relu: bool| {
@@ -370,6 +409,14 @@ fn structured_programs() -> Vec<(String, usize)> {
         residual("nhwc", "f64", "[1, 5, 6, 16]", 1, "tanh"),
         separable_residual("nchw"),
         separable_residual("nhwc"),
+        // MobileNet blocks: the depthwise half's own bias and activation run on its tile.
+        mobilenet_block("nchw", "f32", "[2, 8, 13, 37]", true, "relu"),
+        mobilenet_block("nchw", "f32", "[1, 8, 9, 16]", false, "sigmoid"),
+        mobilenet_block("nchw", "f32", "[1, 8, 7, 20]", true, ""),
+        mobilenet_block("nchw", "f32", "[1, 8, 6, 11]", true, "gelu_tanh"),
+        mobilenet_block("nhwc", "f32", "[2, 9, 11, 8]", true, "relu"),
+        mobilenet_block("nhwc", "f32", "[1, 7, 5, 8]", false, "tanh"),
+        mobilenet_block("nchw", "f64", "[1, 8, 9, 13]", true, "relu"),
         (
             "%x = input() name=\"x\" : f32[1, 6, 7, 9]\n\
              %w = input() name=\"w\" : f32[4, 6, 3, 3]\n\
@@ -405,6 +452,26 @@ fn structured_convolutions_match_the_reference() {
         );
         let inputs = random_inputs(&graph, 1000 + k as u64);
         check(&graph, &inputs, terms, &format!("structured program {k}"));
+    }
+}
+
+/// Strict numerics run each structured step through the reference ops, in the graph's order:
+/// the same bits as the interpreter (the depthwise half's own epilogue included).
+#[test]
+fn structured_convolutions_are_bit_exact_in_strict_mode() {
+    for (k, (text, _)) in structured_programs().into_iter().enumerate() {
+        let graph = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let inputs = random_inputs(&graph, 2000 + k as u64);
+        let want = kfuse_interp::run(&graph, &inputs, &CustomOps::new()).unwrap();
+        let exe = build(&graph, Numerics::Strict);
+        let (got, _) = exe.run(&inputs, &CustomOps::new()).unwrap();
+        for ((name, w), (_, g)) in want.iter().zip(&got) {
+            let same = (0..w.n_elems()).all(|i| w.get_f64(i).to_bits() == g.get_f64(i).to_bits());
+            assert!(
+                same,
+                "program {k}: {name} differs from the reference\n{text}"
+            );
+        }
     }
 }
 

@@ -15,16 +15,19 @@
 //! agree bit for bit. The copying bodies are compiled twice: for the baseline ISA and, where
 //! the CPU has them, for AVX-512 with FMA, chosen at run time.
 
-use super::Geometry;
-use crate::dense::{has_avx512, Out, Real};
+use super::{Geometry, Post};
+use crate::dense::{epilogue, has_avx512, Out, Real};
 
 /// Depthwise output rows `rows` of image `n`: for NCHW, channel `ch`'s rows go to the
 /// `rows.len() * ow` elements at `dst + ch * channel_stride`; for NHWC, all of them go to `dst`,
-/// `[row][col][channel]`.
+/// `[row][col][channel]`. Then `post`'s per-channel bias and activation (it has no residual),
+/// applied to each channel's rows as soon as they are computed (NCHW; in registers where the
+/// in-place kernel runs and the activation is ReLU), or to the band (NHWC).
 ///
 /// # Safety
 /// Those elements must lie in one allocation, and no other thread may access them during the
 /// call.
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn band<T: Real>(
     g: &Geometry,
     xs: &[T],
@@ -33,23 +36,36 @@ pub(super) unsafe fn band<T: Real>(
     rows: std::ops::Range<usize>,
     dst: Out<T>,
     channel_stride: usize,
+    post: Post<T>,
 ) {
+    assert!(
+        post.residual.is_none(),
+        "a depthwise band takes no residual"
+    );
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
-        if let (true, Some(xs), Some(ws)) = (in_place::applies(g), T::f32s(xs), T::f32s(ws)) {
+        if let (true, Some(xs), Some(ws), Some(post)) = (
+            in_place::applies(g),
+            T::f32s(xs),
+            T::f32s(ws),
+            super::f32_post(post),
+        ) {
             // SAFETY: `T` is f32 (its slices convert), the CPU has AVX-512 and `in_place`
             // applies; the caller vouches for the destination.
-            return unsafe { in_place::band(g, xs, ws, n, rows, dst.ptr().cast(), channel_stride) };
+            return unsafe {
+                in_place::band(g, xs, ws, n, rows, dst.ptr().cast(), channel_stride, post)
+            };
         }
         // SAFETY: the CPU has the features the function is compiled for.
-        return unsafe { band_avx512(g, xs, ws, n, rows, dst, channel_stride) };
+        return unsafe { band_avx512(g, xs, ws, n, rows, dst, channel_stride, post) };
     }
     // SAFETY: forwarded from the caller.
-    unsafe { band_body(g, xs, ws, n, rows, dst, channel_stride) }
+    unsafe { band_body(g, xs, ws, n, rows, dst, channel_stride, post) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,fma")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn band_avx512<T: Real>(
     g: &Geometry,
     xs: &[T],
@@ -58,12 +74,14 @@ unsafe fn band_avx512<T: Real>(
     rows: std::ops::Range<usize>,
     dst: Out<T>,
     channel_stride: usize,
+    post: Post<T>,
 ) {
     // SAFETY: forwarded from the caller.
-    unsafe { band_body(g, xs, ws, n, rows, dst, channel_stride) }
+    unsafe { band_body(g, xs, ws, n, rows, dst, channel_stride, post) }
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn band_body<T: Real>(
     g: &Geometry,
     xs: &[T],
@@ -72,10 +90,11 @@ unsafe fn band_body<T: Real>(
     rows: std::ops::Range<usize>,
     dst: Out<T>,
     channel_stride: usize,
+    post: Post<T>,
 ) {
     let len = rows.len() * g.y[3];
     match g.layout {
-        kfuse_ir::Layout::Nchw => nchw(g, xs, ws, n, rows, &mut |ch| {
+        kfuse_ir::Layout::Nchw => nchw(g, xs, ws, n, rows, post, &mut |ch| {
             // SAFETY: the caller vouches for these elements; each slice is dropped before the
             // next is made.
             unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(ch * channel_stride), len) }
@@ -83,7 +102,13 @@ unsafe fn band_body<T: Real>(
         kfuse_ir::Layout::Nhwc => {
             // SAFETY: as above.
             let all = unsafe { std::slice::from_raw_parts_mut(dst.ptr(), len * g.y[1]) };
-            nhwc(g, xs, ws, n, rows, all)
+            nhwc(g, xs, ws, n, rows.clone(), all);
+            if !post.is_empty() {
+                let c = g.y[1];
+                for pixel in all.chunks_mut(c) {
+                    epilogue(pixel, post.pixel(0..c, 0));
+                }
+            }
         }
     }
 }
@@ -95,6 +120,7 @@ fn nchw<'a, T: Real>(
     ws: &[T],
     n: usize,
     rows: std::ops::Range<usize>,
+    post: Post<T>,
     dst_of: &mut dyn FnMut(usize) -> &'a mut [T],
 ) {
     let [_, c, _, ow] = g.y;
@@ -135,6 +161,10 @@ fn nchw<'a, T: Real>(
                 (5, 5, 1) => row_unrolled::<T, 5, 5>(out, base, pw, wk, dh, dw),
                 _ => row_by_tap(out, base, pw, wk, [kh, kw], [dh, dw], sw),
             }
+        }
+        if !post.is_empty() {
+            let len = dst.len();
+            epilogue(dst, post.channel(ch, 0, len));
         }
     }
 }
@@ -272,7 +302,8 @@ fn nhwc<T: Real>(
 mod in_place {
     use std::arch::x86_64::*;
 
-    use super::Geometry;
+    use super::{Geometry, Post};
+    use crate::dense::{epilogue, Activation, RowBias, Tail};
 
     /// Output rows summed together: their sums are independent FMA chains, and each input
     /// vector loaded feeds up to `KH` of them.
@@ -322,6 +353,7 @@ mod in_place {
     /// # Safety
     /// The CPU must have AVX-512F, [`applies`] must hold, and the destination elements must
     /// lie in one allocation and be this thread's alone.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn band(
         g: &Geometry,
         xs: &[f32],
@@ -330,17 +362,19 @@ mod in_place {
         rows: std::ops::Range<usize>,
         dst: *mut f32,
         channel_stride: usize,
+        post: Post<f32>,
     ) {
         // SAFETY: forwarded from the caller.
         unsafe {
             match g.kh {
-                3 => band_k::<3, 3>(g, xs, ws, n, rows, dst, channel_stride),
-                _ => band_k::<5, 5>(g, xs, ws, n, rows, dst, channel_stride),
+                3 => band_k::<3, 3>(g, xs, ws, n, rows, dst, channel_stride, post),
+                _ => band_k::<5, 5>(g, xs, ws, n, rows, dst, channel_stride, post),
             }
         }
     }
 
     #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn band_k<const KH: usize, const KW: usize>(
         g: &Geometry,
         xs: &[f32],
@@ -349,6 +383,7 @@ mod in_place {
         rows: std::ops::Range<usize>,
         dst: *mut f32,
         channel_stride: usize,
+        post: Post<f32>,
     ) {
         let [_, c, _, ow] = g.y;
         let [_, _, in_h, in_w] = g.x;
@@ -361,6 +396,12 @@ mod in_place {
             let w: [[__m512; KW]; KH] = std::array::from_fn(|i| {
                 std::array::from_fn(|j| _mm512_set1_ps(ws[(ch * KH + i) * KW + j]))
             });
+            let bias = post.bias.map(|b| b[ch]);
+            let finish = Finish {
+                bias: _mm512_set1_ps(bias.unwrap_or(0.0)),
+                add: bias.is_some(),
+                relu: post.act == Some(Activation::Relu),
+            };
             // Input row `h`, shifted so that output column x, tap column j reads element
             // `x + j` of it (lanes outside the row are masked off, never read).
             let row = |h: isize| {
@@ -399,15 +440,36 @@ mod in_place {
                 // inside it; the stores go to the caller's rows.
                 unsafe {
                     match left {
-                        1 => step::<KH, KW, 1>(&input, &w, &blocks, out, ow),
-                        2 => step::<KH, KW, 2>(&input, &w, &blocks, out, ow),
-                        3 => step::<KH, KW, 3>(&input, &w, &blocks, out, ow),
-                        _ => step::<KH, KW, ROWS>(&input, &w, &blocks, out, ow),
+                        1 => step::<KH, KW, 1>(&input, &w, &blocks, out, ow, &finish),
+                        2 => step::<KH, KW, 2>(&input, &w, &blocks, out, ow, &finish),
+                        3 => step::<KH, KW, 3>(&input, &w, &blocks, out, ow, &finish),
+                        _ => step::<KH, KW, ROWS>(&input, &w, &blocks, out, ow, &finish),
                     }
                 }
                 r += left.min(ROWS);
             }
+            // An activation other than ReLU, on the channel's rows while they are in cache.
+            if let Some(act) = post.act.filter(|&a| a != Activation::Relu) {
+                let len = rows.len() * ow;
+                // SAFETY: the caller vouches for this channel's rows.
+                let rows =
+                    unsafe { std::slice::from_raw_parts_mut(dst.add(ch * channel_stride), len) };
+                let tail = Tail {
+                    bias: RowBias::None,
+                    residual: None,
+                    activation: Some(act),
+                };
+                epilogue(rows, tail);
+            }
         }
+    }
+
+    /// What a step applies to its sums before storing them: the channel's bias (where `add`),
+    /// then ReLU (`x < 0 ? 0 : x`, so NaN and -0 pass, as in the IR's `relu`).
+    struct Finish {
+        bias: __m512,
+        add: bool,
+        relu: bool,
     }
 
     /// Asks for every cache line of `data`.
@@ -433,7 +495,9 @@ mod in_place {
         blocks: &[Block<KW>],
         out: *mut f32,
         ow: usize,
+        finish: &Finish,
     ) {
+        let zero = _mm512_setzero_ps();
         for b in blocks {
             // Copied out, so that the stores (which might alias them, as far as the compiler
             // knows) do not force them to be reloaded.
@@ -447,14 +511,21 @@ mod in_place {
                     block::<KH, KW, R, true>(input, w, x0, taps)
                 }
             };
-            for (r, a) in acc.iter().enumerate() {
+            for (r, &a) in acc.iter().enumerate() {
+                let mut a = a;
+                if finish.add {
+                    a = _mm512_add_ps(a, finish.bias);
+                }
+                if finish.relu {
+                    a = _mm512_mask_mov_ps(a, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, zero), zero);
+                }
                 let at = out.wrapping_add(r * ow + x0);
                 // SAFETY: as the caller vouches.
                 unsafe {
                     if store == all {
-                        _mm512_storeu_ps(at, *a)
+                        _mm512_storeu_ps(at, a)
                     } else {
-                        _mm512_mask_storeu_ps(at, store, *a)
+                        _mm512_mask_storeu_ps(at, store, a)
                     }
                 }
             }
@@ -498,6 +569,7 @@ mod in_place {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
+    use crate::dense::Activation;
     use kfuse_ir::{Conv2dAttrs, Layout};
 
     /// The in-place kernel against the bordered-copy one, which sums the same taps in the
@@ -520,6 +592,7 @@ mod tests {
             (5, [0, 1, 4, 1], [12, 7]),
         ];
         let mut compared = 0;
+        let none = Post::none();
         for (k, padding, [h, w]) in shapes {
             let c = 3;
             let attrs = Conv2dAttrs {
@@ -545,27 +618,52 @@ mod tests {
             let ws: Vec<f32> = (0..c * k * k)
                 .map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0)
                 .collect();
-            for n in 0..2 {
-                for r0 in 0..oh {
-                    for r1 in r0 + 1..=(r0 + 9).min(oh) {
-                        let len = c * (r1 - r0) * ow;
-                        let (mut a, mut b) = (vec![1.5f32; len], vec![2.5f32; len]);
-                        let stride = (r1 - r0) * ow;
-                        // SAFETY: each buffer holds the c channels' rows; the CPU has AVX-512.
-                        unsafe {
-                            in_place::band(&g, &xs, &ws, n, r0..r1, a.as_mut_ptr(), stride);
-                            band_body(&g, &xs, &ws, n, r0..r1, Out(b.as_mut_ptr()), stride);
+            // The epilogues: none, bias and ReLU (in registers), ReLU alone, bias and sigmoid
+            // (a pass over each channel's rows).
+            let bias = [0.25f32, -0.5, 0.0];
+            let posts = [
+                none,
+                Post {
+                    bias: Some(&bias[..]),
+                    act: Some(Activation::Relu),
+                    ..none
+                },
+                Post {
+                    act: Some(Activation::Relu),
+                    ..none
+                },
+                Post {
+                    bias: Some(&bias[..]),
+                    act: Some(Activation::Sigmoid),
+                    ..none
+                },
+            ];
+            for (e, post) in posts.into_iter().enumerate() {
+                for n in 0..2 {
+                    for r0 in 0..oh {
+                        for r1 in r0 + 1..=(r0 + 9).min(oh) {
+                            let len = c * (r1 - r0) * ow;
+                            let (mut a, mut b) = (vec![1.5f32; len], vec![2.5f32; len]);
+                            let stride = (r1 - r0) * ow;
+                            let (pa, pb) = (a.as_mut_ptr(), Out(b.as_mut_ptr()));
+                            // SAFETY: each buffer holds the c channels' rows; the CPU has
+                            // AVX-512.
+                            unsafe {
+                                in_place::band(&g, &xs, &ws, n, r0..r1, pa, stride, post);
+                                band_body(&g, &xs, &ws, n, r0..r1, pb, stride, post);
+                            }
+                            let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+                            assert!(
+                                same,
+                                "{k}x{k} padding {padding:?} {h}x{w}, epilogue {e}, image {n} \
+                                 rows {r0}..{r1}"
+                            );
+                            compared += 1;
                         }
-                        let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
-                        assert!(
-                            same,
-                            "{k}x{k} padding {padding:?} {h}x{w}, image {n} rows {r0}..{r1}"
-                        );
-                        compared += 1;
                     }
                 }
             }
         }
-        assert!(compared > 300);
+        assert!(compared > 1200);
     }
 }

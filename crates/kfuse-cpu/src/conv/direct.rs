@@ -570,6 +570,7 @@ pub(super) fn separable(
     g: &Geometry,
     xs: &[f32],
     wd: &[f32],
+    middle: Post<f32>,
     wp: &[f32],
     c_out: usize,
     y: &mut [f32],
@@ -580,7 +581,7 @@ pub(super) fn separable(
     // of the epilogue reads it back at once). On one thread, W6a's pointwise half took
     // 8.3-8.5 ms so against 9.0-9.1.
     let stream = std::mem::size_of_val(y) >= crate::c::STREAM_MIN_BYTES;
-    separable_stored(g, xs, wd, wp, c_out, y, post, stream)
+    separable_stored(g, xs, wd, middle, wp, c_out, y, post, stream)
 }
 
 /// [`separable`], its output stored non-temporally where `stream` (and no part of the
@@ -590,6 +591,7 @@ fn separable_stored(
     g: &Geometry,
     xs: &[f32],
     wd: &[f32],
+    middle: Post<f32>,
     wp: &[f32],
     c_out: usize,
     y: &mut [f32],
@@ -610,8 +612,18 @@ fn separable_stored(
                 tile[ch * q_blocks + p..(ch + 1) * q_blocks].fill(0.0);
             }
             // SAFETY: the tile holds c planes of q_blocks >= p elements, and is this task's.
+            // The depthwise half's own bias and activation are applied as its rows are computed.
             unsafe {
-                super::depthwise::band(g, xs, wd, n, band.clone(), Out(tile.as_mut_ptr()), q_blocks)
+                super::depthwise::band(
+                    g,
+                    xs,
+                    wd,
+                    n,
+                    band.clone(),
+                    Out(tile.as_mut_ptr()),
+                    q_blocks,
+                    middle,
+                )
             };
             // Rows r0.. of every output channel of image n: p contiguous positions each.
             let dst = Dst {
@@ -687,14 +699,14 @@ mod tests {
             act: None,
         };
         let mut plain = vec![f32::NAN; len];
-        separable_stored(&g, &xs, &wd, &wp, c_out, &mut plain, post, false);
+        separable_stored(&g, &xs, &wd, post, &wp, c_out, &mut plain, post, false);
         assert!(plain.iter().all(|v| v.is_finite()));
         for shift in [0, 1] {
             // A buffer with room to start the output on a line boundary, then one float past.
             let mut buffer = vec![f32::NAN; len + 32];
             let aligned = buffer.as_ptr().align_offset(64);
             let y = &mut buffer[aligned + shift..][..len];
-            separable_stored(&g, &xs, &wd, &wp, c_out, y, post, true);
+            separable_stored(&g, &xs, &wd, post, &wp, c_out, y, post, true);
             let same = y
                 .iter()
                 .zip(&plain)
