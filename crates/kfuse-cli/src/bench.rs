@@ -553,10 +553,17 @@ fn activation_case(
     let m = if quick { 64 } else { 1024 };
     let (k, n) = (1024, 4096);
     let layer = format!("%x = input() name=\"x\" : f32[{m}, {k}]\n%w = input() name=\"w\" : f32[{k}, {n}]\n%b = input() name=\"b\" : f32[{n}]\n%h = matmul(%x, %w)\n%hb = add(%h, %b)\n");
-    let activations = ["relu", "sigmoid", "tanh", "gelu_tanh"];
+    let activations = ["relu", "sigmoid", "tanh", "gelu_tanh", "relu6"];
     let mut programs = vec![layer.clone() + "output \"y\" = %hb\n"];
     for act in activations {
-        programs.push(layer.clone() + &format!("%y = {act}(%hb)\noutput \"y\" = %y\n"));
+        let apply = if act == "relu6" {
+            "%lo = constant() value=[0.0] : f32[]\n%hi = constant() value=[6.0] : f32[]\n\
+             %y = clamp(%hb, %lo, %hi)\n"
+                .to_string()
+        } else {
+            format!("%y = {act}(%hb)\n")
+        };
+        programs.push(layer.clone() + &apply + "output \"y\" = %y\n");
     }
     let cases = programs
         .iter()

@@ -600,7 +600,7 @@ fn bench_quick_reports_every_workload() {
             "{id} missing"
         );
     }
-    for id in ["W6a", "W6b", "W7"] {
+    for id in ["W6a", "W6b", "W7", "mobilenet"] {
         assert!(
             report["convolutions"]
                 .as_array()
@@ -611,7 +611,8 @@ fn bench_quick_reports_every_workload() {
         );
     }
     assert_eq!(report["cost_model_case"].as_array().unwrap().len(), 2);
-    assert_eq!(report["activations"].as_array().unwrap().len(), 5);
+    // The bias alone, then ReLU, sigmoid, tanh, tanh-GELU and ReLU6.
+    assert_eq!(report["activations"].as_array().unwrap().len(), 6);
     assert!(report["transpose"]["transpose_ms"].as_f64().unwrap() > 0.0);
 }
 

@@ -28,6 +28,7 @@ pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
     const ZERO: Self;
     const ONE: Self;
     const NEG_INFINITY: Self;
+    const NAN: Self;
     fn is_nan(self) -> bool;
     fn is_negative_zero(self) -> bool;
     fn to_f64(self) -> f64;
@@ -55,6 +56,7 @@ macro_rules! real {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
             const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
+            const NAN: Self = <$t>::NAN;
             fn is_nan(self) -> bool {
                 <$t>::is_nan(self)
             }
@@ -246,6 +248,25 @@ pub(crate) unsafe fn gemm_into<T: Real>(
 }
 
 /// `max(v, 0)`, passing NaN through as the IR's `relu` does (`v < 0` is false for NaN).
+/// The IR's `clamp(v, lo, hi) = minimum(maximum(v, lo), hi)` (IEEE 754-2019: NaN if any
+/// operand is NaN, `+0` above `-0`), as `kfuse-math` defines them.
+#[inline(always)]
+pub(crate) fn clamp<T: Real>(v: T, lo: T, hi: T) -> T {
+    if v.is_nan() || lo.is_nan() || hi.is_nan() {
+        return T::NAN;
+    }
+    let m = if v > lo || (v == lo && lo.is_negative_zero()) {
+        v
+    } else {
+        lo
+    };
+    if m < hi || (m == hi && m.is_negative_zero()) {
+        m
+    } else {
+        hi
+    }
+}
+
 pub(crate) fn relu<T: Real>(v: T) -> T {
     if v < T::ZERO {
         T::ZERO
@@ -362,9 +383,13 @@ fn epilogue_into_body<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>) {
     match tail.activation {
         None => biased_into(dst, src, tail, |v| v),
         Some(Activation::Relu) => biased_into(dst, src, tail, relu),
+        Some(Activation::Clamp(b)) => {
+            let (lo, hi) = (T::from_f64(b.lo()), T::from_f64(b.hi()));
+            biased_into(dst, src, tail, |v| clamp(v, lo, hi))
+        }
         Some(a) => {
             biased_into(dst, src, tail, |v| v);
-            slice_form::<T>(a)(dst);
+            slice_form::<T>(a, dst);
         }
     }
 }
@@ -374,12 +399,18 @@ fn epilogue_into_body<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>) {
 /// the scalar forms were left to the compiler's inlining: the sigmoid ended up called out of
 /// line, compiled for the baseline ISA (49 against 21 ms for W5a's layer), and GELU's mix of
 /// f32 and f64 steps vectorized poorly (1.15 against 0.55 ns per element).
-fn slice_form<T: Real>(activation: Activation) -> fn(&mut [T]) {
+fn slice_form<T: Real>(activation: Activation, values: &mut [T]) {
     match activation {
-        Activation::GeluTanh => T::gelu_tanh_slice,
-        Activation::Sigmoid => T::sigmoid_slice,
-        Activation::Tanh => T::tanh_slice,
-        Activation::Relu => |values: &mut [T]| values.iter_mut().for_each(|v| *v = relu(*v)),
+        Activation::GeluTanh => T::gelu_tanh_slice(values),
+        Activation::Sigmoid => T::sigmoid_slice(values),
+        Activation::Tanh => T::tanh_slice(values),
+        Activation::Relu => values.iter_mut().for_each(|v| *v = relu(*v)),
+        Activation::Clamp(bounds) => {
+            let (lo, hi) = (T::from_f64(bounds.lo()), T::from_f64(bounds.hi()));
+            for v in values.iter_mut() {
+                *v = clamp(*v, lo, hi);
+            }
+        }
     }
 }
 
@@ -434,11 +465,15 @@ fn epilogue_body<T: Real>(values: &mut [T], tail: Tail<T>) {
     match tail.activation {
         None => biased(values, tail, |v| v),
         Some(Activation::Relu) => biased(values, tail, relu),
+        Some(Activation::Clamp(b)) => {
+            let (lo, hi) = (T::from_f64(b.lo()), T::from_f64(b.hi()));
+            biased(values, tail, |v| clamp(v, lo, hi))
+        }
         Some(a) => {
             if biases {
                 biased(values, tail, |v| v);
             }
-            slice_form::<T>(a)(values);
+            slice_form::<T>(a, values);
         }
     }
 }
@@ -480,6 +515,48 @@ fn biased<T: Real>(values: &mut [T], tail: Tail<T>, f: impl Fn(T) -> T) {
             let (b, r) = (&b[..n], &r[..n]);
             for i in 0..n {
                 values[i] = f(values[i].add(b[i]).add(r[i]));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod clamp_tests {
+    use super::clamp;
+
+    /// The epilogue's clamp is the IR's, bit for bit: `minimum(maximum(v, lo), hi)` with NaN
+    /// propagated and `+0` above `-0`, for every pair of special values as value and bounds.
+    #[test]
+    fn clamp_matches_kfuse_math_bit_for_bit() {
+        let specials = [
+            f32::NAN,
+            -0.0,
+            0.0,
+            1e-40,
+            -1e-40,
+            1.0,
+            -1.0,
+            6.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+        ];
+        for &v in &specials {
+            for &lo in &specials {
+                for &hi in &specials {
+                    let want = kfuse_math::minimum_f32(kfuse_math::maximum_f32(v, lo), hi);
+                    let got = clamp(v, lo, hi);
+                    assert!(
+                        want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()),
+                        "clamp({v:?}, {lo:?}, {hi:?}) = {got:?}, want {want:?}"
+                    );
+                    let want = kfuse_math::minimum_f64(
+                        kfuse_math::maximum_f64(v as f64, lo as f64),
+                        hi as f64,
+                    );
+                    let got = clamp(v as f64, lo as f64, hi as f64);
+                    assert!(want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()));
+                }
             }
         }
     }

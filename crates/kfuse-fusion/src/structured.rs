@@ -60,18 +60,46 @@ pub struct StructuredGroup {
     pub activation: Option<NodeId>,
 }
 
-/// The activations a structured kernel applies to its output tiles: elementwise, unary, and
-/// with a vectorizable definition in `kfuse-math`.
+/// The activations a structured kernel applies to its output tiles: elementwise, with a
+/// vectorizable definition in `kfuse-math`, and of the value alone (a clamp's bounds are
+/// constants).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
     Relu,
     GeluTanh,
     Sigmoid,
     Tanh,
+    /// `clamp(x, lo, hi)` with constant bounds (ReLU6 is `clamp(x, 0, 6)`).
+    Clamp(Bounds),
+}
+
+/// A clamp's constant bounds, kept as the bits of their f64 values (so that the activation
+/// compares exactly).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    lo: u64,
+    hi: u64,
+}
+
+impl Bounds {
+    pub fn new(lo: f64, hi: f64) -> Bounds {
+        Bounds {
+            lo: lo.to_bits(),
+            hi: hi.to_bits(),
+        }
+    }
+
+    pub fn lo(self) -> f64 {
+        f64::from_bits(self.lo)
+    }
+
+    pub fn hi(self) -> f64 {
+        f64::from_bits(self.hi)
+    }
 }
 
 impl Activation {
-    /// The activation `op` computes, if it is one.
+    /// The activation a unary `op` computes, if it is one.
     pub fn of(op: &Op) -> Option<Activation> {
         match op {
             Op::Unary(UnaryOp::Relu) => Some(Activation::Relu),
@@ -82,13 +110,34 @@ impl Activation {
         }
     }
 
-    /// The IR op.
-    pub fn op(self) -> UnaryOp {
+    /// The activation node `id` applies to its first operand, if it is one: a unary
+    /// activation, or a float `clamp` whose bounds are single-valued constants.
+    pub fn of_node(graph: &Graph, id: NodeId) -> Option<Activation> {
+        let node = graph.node(id);
+        if node.op != Op::Clamp {
+            return Activation::of(&node.op);
+        }
+        let bound = |v: Value| match &graph.node(v.node).op {
+            Op::Constant { value } if value.n_elems() == 1 && value.dtype().is_float() => {
+                Some(value.get_f64(0))
+            }
+            _ => None,
+        };
+        let (lo, hi) = (bound(node.operands[1])?, bound(node.operands[2])?);
+        // The bounds must not widen the value's shape.
+        let x = graph.ty(node.operands[0]);
+        (node.types[0].shape == x.shape && x.dtype.is_float())
+            .then(|| Activation::Clamp(Bounds::new(lo, hi)))
+    }
+
+    /// The IR op's name.
+    pub fn name(self) -> &'static str {
         match self {
-            Activation::Relu => UnaryOp::Relu,
-            Activation::GeluTanh => UnaryOp::GeluTanh,
-            Activation::Sigmoid => UnaryOp::Sigmoid,
-            Activation::Tanh => UnaryOp::Tanh,
+            Activation::Relu => UnaryOp::Relu.name(),
+            Activation::GeluTanh => UnaryOp::GeluTanh.name(),
+            Activation::Sigmoid => UnaryOp::Sigmoid.name(),
+            Activation::Tanh => UnaryOp::Tanh.name(),
+            Activation::Clamp(_) => Op::Clamp.name(),
         }
     }
 }
@@ -294,7 +343,7 @@ fn depthwise_chain(
         return None;
     }
     let mut v = graph.node(pointwise).operands[0];
-    let activation = Activation::of(&graph.node(v.node).op).map(|_| v.node);
+    let activation = Activation::of_node(graph, v.node).map(|_| v.node);
     if let Some(a) = activation {
         v = graph.node(a).operands[0];
     }
@@ -450,7 +499,10 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             ));
         }
         match single_use(graph, &users, value(last)) {
-            Ok(user) if Activation::of(&graph.node(user).op).is_some() => {
+            Ok(user)
+                if Activation::of_node(graph, user).is_some()
+                    && graph.node(user).operands[0] == value(last) =>
+            {
                 group.activation = Some(user);
             }
             Ok(_) => {}
@@ -458,7 +510,7 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
                 // Worth a note only where an epilogue was there to absorb.
                 let epilogue_user = users.get(&value(last)).into_iter().flatten().any(|&u| {
                     matches!(graph.node(u).op, Op::Binary(BinaryOp::Add))
-                        || Activation::of(&graph.node(u).op).is_some()
+                        || Activation::of_node(graph, u).is_some()
                 });
                 if epilogue_user {
                     notes.push(format!(

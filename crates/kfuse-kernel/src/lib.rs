@@ -6,6 +6,6 @@ mod program;
 pub mod text;
 
 pub use ir::{Access, Arg, IndexOp, Inst, InstId, InstKind, Kernel, Level};
-pub use kfuse_fusion::Activation;
+pub use kfuse_fusion::{Activation, Bounds};
 pub use lower::{lower, LowerError};
 pub use program::{Anchor, BufId, Buffer, BufferKind, Depthwise, Program, Step, StructuredCall};

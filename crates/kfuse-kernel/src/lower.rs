@@ -91,7 +91,7 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                                 bias: group.depthwise_bias.is_some(),
                                 activation: group
                                     .depthwise_activation
-                                    .and_then(|a| Activation::of(&graph.node(a).op)),
+                                    .and_then(|a| Activation::of_node(graph, a)),
                             }
                         });
                         if depthwise.is_none() {
@@ -133,9 +133,7 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                         anchor,
                         bias: group.bias.is_some(),
                         residual: group.residual.is_some(),
-                        activation: group
-                            .activation
-                            .and_then(|a| Activation::of(&graph.node(a).op)),
+                        activation: group.activation.and_then(|a| Activation::of_node(graph, a)),
                     },
                     inputs,
                     outputs: vec![

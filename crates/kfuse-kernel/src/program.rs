@@ -102,7 +102,7 @@ impl StructuredCall {
                         parts.push("add");
                     }
                     if let Some(a) = d.activation {
-                        parts.push(a.op().name());
+                        parts.push(a.name());
                     }
                 }
                 parts.push("conv2d");
@@ -121,7 +121,7 @@ impl StructuredCall {
             parts.push("add");
         }
         if let Some(a) = self.activation {
-            parts.push(a.op().name());
+            parts.push(a.name());
         }
         parts.join("+")
     }

@@ -515,7 +515,7 @@ fn reference_structured<'a>(
                     x = eval(Op::Binary(BinaryOp::Add), &d.ty, &[&x, &bias])?;
                 }
                 if let Some(activation) = d.activation {
-                    x = eval(Op::Unary(activation.op()), &d.ty, &[&x])?;
+                    x = reference_activation(activation, &d.ty, &x)?;
                 }
             }
             let w = array(next.next().expect("weights"));
@@ -542,9 +542,40 @@ fn reference_structured<'a>(
         y = eval(Op::Binary(BinaryOp::Add), out_ty, &[&y, &residual])?;
     }
     if let Some(activation) = call.activation {
-        y = eval(Op::Unary(activation.op()), out_ty, &[&y])?;
+        y = reference_activation(activation, out_ty, &y)?;
     }
     Ok(y)
+}
+
+/// An absorbed activation run as its IR op on the reference interpreter.
+fn reference_activation(
+    activation: kfuse_kernel::Activation,
+    ty: &kfuse_ir::TensorType,
+    x: &Array,
+) -> Result<Array, String> {
+    use kfuse_ir::Op;
+    let custom = CustomOps::new();
+    let eval = |op: Op, operands: &[&Array]| {
+        kfuse_interp::eval_op(&op, std::slice::from_ref(ty), operands, &custom)
+            .map(|mut results| results.remove(0))
+    };
+    match activation {
+        kfuse_kernel::Activation::Relu => eval(Op::Unary(kfuse_ir::UnaryOp::Relu), &[x]),
+        kfuse_kernel::Activation::GeluTanh => eval(Op::Unary(kfuse_ir::UnaryOp::GeluTanh), &[x]),
+        kfuse_kernel::Activation::Sigmoid => eval(Op::Unary(kfuse_ir::UnaryOp::Sigmoid), &[x]),
+        kfuse_kernel::Activation::Tanh => eval(Op::Unary(kfuse_ir::UnaryOp::Tanh), &[x]),
+        kfuse_kernel::Activation::Clamp(bounds) => {
+            // The bounds came from constants of the value's dtype, so they convert exactly.
+            let bound = |v: f64| match ty.dtype {
+                kfuse_ir::DType::F32 => Ok(Array::scalar(v as f32)),
+                kfuse_ir::DType::F64 => Ok(Array::scalar(v)),
+                kfuse_ir::DType::F16 => Ok(Array::scalar(kfuse_ir::f16::from_f64(v))),
+                kfuse_ir::DType::BF16 => Ok(Array::scalar(kfuse_ir::bf16::from_f64(v))),
+                other => Err(format!("clamp epilogue on {other}")),
+            };
+            eval(Op::Clamp, &[x, &bound(bounds.lo())?, &bound(bounds.hi())?])
+        }
+    }
 }
 
 /// Runs a structured call on the fast routines into `out`. `operand(i)` is input `i` of the

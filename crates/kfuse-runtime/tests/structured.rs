@@ -332,7 +332,14 @@ fn mobilenet_block(
         text += &format!("%bd = input() name=\"bd\" : {dtype}{bd}\n%e = add({last}, %bd)\n");
         last = "%e".into();
     }
-    if !middle.is_empty() {
+    if middle == "relu6" {
+        // ReLU6 as ONNX and PyTorch export it: a clamp to constant bounds.
+        text += &format!(
+            "%lo = constant() value=[0.0] : {dtype}[]\n%hi = constant() value=[6.0] : {dtype}[]\n\
+             %a = clamp({last}, %lo, %hi)\n"
+        );
+        last = "%a".into();
+    } else if !middle.is_empty() {
         text += &format!("%a = {middle}({last})\n");
         last = "%a".into();
     }
@@ -417,6 +424,21 @@ fn structured_programs() -> Vec<(String, usize)> {
         mobilenet_block("nhwc", "f32", "[2, 9, 11, 8]", true, "relu"),
         mobilenet_block("nhwc", "f32", "[1, 7, 5, 8]", false, "tanh"),
         mobilenet_block("nchw", "f64", "[1, 8, 9, 13]", true, "relu"),
+        mobilenet_block("nchw", "f32", "[1, 8, 11, 21]", true, "relu6"),
+        mobilenet_block("nhwc", "f32", "[1, 6, 9, 8]", true, "relu6"),
+        mobilenet_block("nchw", "f64", "[1, 8, 5, 9]", false, "relu6"),
+        // Clamp epilogues with other bounds: after a direct f32 convolution (a pass after the
+        // microkernel) and after a matmul.
+        (
+            "%x = input() name=\"x\" : f32[1, 6, 7, 19]\n\
+             %w = input() name=\"w\" : f32[4, 6, 3, 3]\n\
+             %b = input() name=\"b\" : f32[4, 1, 1]\n\
+             %lo = constant() value=[-0.5] : f32[]\n%hi = constant() value=[0.75] : f32[]\n\
+             %c = conv2d(%x, %w) layout=nchw stride=[1, 1] padding=[1, 1, 1, 1] dilation=[1, 1] groups=1\n\
+             %s = add(%c, %b)\n%y = clamp(%s, %lo, %hi)\noutput \"y\" = %y\n"
+                .to_string(),
+            55,
+        ),
         (
             "%x = input() name=\"x\" : f32[1, 6, 7, 9]\n\
              %w = input() name=\"w\" : f32[4, 6, 3, 3]\n\
@@ -483,6 +505,19 @@ fn structured_matmuls_match_the_reference() {
             "%x = input() name=\"x\" : f32[5, 7]\n%w = input() name=\"w\" : f32[3, 7]\n%b = input() name=\"b\" : f32[3]\n\
              %wt = permute(%w) perm=[1, 0]\n%h = matmul(%x, %wt)\n%s = add(%h, %b)\n%y = relu(%s)\noutput \"y\" = %y\n",
             8,
+        ),
+        // A clamp epilogue (ReLU6-like bounds) after a matmul with a bias, f32 and f64.
+        (
+            "%x = input() name=\"x\" : f32[9, 40]\n%w = input() name=\"w\" : f32[40, 130]\n%b = input() name=\"b\" : f32[130]\n\
+             %lo = constant() value=[-1.0] : f32[]\n%hi = constant() value=[1.5] : f32[]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = clamp(%s, %lo, %hi)\noutput \"y\" = %y\n",
+            41,
+        ),
+        (
+            "%x = input() name=\"x\" : f64[3, 17]\n%w = input() name=\"w\" : f64[17, 5]\n\
+             %lo = constant() value=[0.0] : f64[]\n%hi = constant() value=[6.0] : f64[]\n\
+             %h = matmul(%x, %w)\n%y = clamp(%h, %lo, %hi)\noutput \"y\" = %y\n",
+            17,
         ),
         (
             "%a = input() name=\"a\" : f32[2, 7, 5]\n%w = input() name=\"w\" : f32[2, 7, 6]\n%b = input() name=\"b\" : f32[1, 6]\n\
@@ -737,9 +772,15 @@ fn random_structured_matmuls_match_the_reference() {
         } else {
             "%s"
         };
-        let activation = ["relu", "gelu_tanh", "sigmoid", "tanh", ""][rng.below(5)];
+        let activation = ["relu", "gelu_tanh", "sigmoid", "tanh", "clamp", ""][rng.below(6)];
         let last = if activation.is_empty() {
             sum
+        } else if activation == "clamp" {
+            text += &format!(
+                "%lo = constant() value=[-0.25] : f32[]\n%hi = constant() value=[0.5] : f32[]\n\
+                 %r = clamp({sum}, %lo, %hi)\n"
+            );
+            "%r"
         } else {
             text += &format!("%r = {activation}({sum})\n");
             "%r"
