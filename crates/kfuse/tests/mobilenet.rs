@@ -1,0 +1,135 @@
+//! A MobileNetV2 block as an exporter writes it, batchnorms and ReLU6 spelled out, becomes one
+//! structured kernel in fast numerics: each batchnorm folds into the weights before it and a
+//! bias, and the depthwise convolution, its bias, its ReLU6, the pointwise convolution, its
+//! bias and the skip connection run together. The result stays within rounding of the
+//! reference interpreter running the graph as written.
+
+use kfuse::kernel::Step;
+use kfuse::{Array, CustomOps, FixedCostModel, Options};
+
+/// A small deterministic generator (the test needs values, not statistics).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A constant node's text: `dims` values in `[lo, hi)`.
+    fn constant(&mut self, dims: &[usize], lo: f64, hi: f64) -> String {
+        let n: usize = dims.iter().product();
+        let values: Vec<String> = (0..n)
+            .map(|_| format!("{:?}", (lo + (hi - lo) * self.next()) as f32))
+            .collect();
+        format!("constant() value=[{}] : f32{dims:?}", values.join(", "))
+    }
+}
+
+/// `x → depthwise 3×3 → batchnorm → ReLU6 → pointwise → batchnorm → + x`, in `layout`.
+fn block(layout: &str, seed: u64) -> String {
+    let mut rng = Lcg(seed);
+    let c = 16;
+    let (x, per_channel) = if layout == "nchw" {
+        ("[2, 16, 14, 11]", vec![c, 1, 1])
+    } else {
+        ("[2, 14, 11, 16]", vec![c])
+    };
+    let mut text = format!("%x = input() name=\"x\" : f32{x}\n");
+    for (name, dims, lo, hi) in [
+        ("wd", vec![c, 1, 3, 3], -0.5, 0.5),
+        ("wp", vec![c, c, 1, 1], -0.3, 0.3),
+    ] {
+        text += &format!("%{name} = {}\n", rng.constant(&dims, lo, hi));
+    }
+    for half in ["d", "p"] {
+        for (name, lo, hi) in [
+            ("mean", -0.2, 0.2),
+            ("var", 0.5, 1.5),
+            ("gamma", 0.8, 1.2),
+            ("beta", -0.1, 0.1),
+        ] {
+            text += &format!("%{name}_{half} = {}\n", rng.constant(&per_channel, lo, hi));
+        }
+    }
+    let batchnorm = |half: &str, input: &str| {
+        format!(
+            "%n_{half} = sub({input}, %mean_{half})\n%ve_{half} = add(%var_{half}, %eps)\n\
+             %sd_{half} = sqrt(%ve_{half})\n%q_{half} = div(%n_{half}, %sd_{half})\n\
+             %g_{half} = mul(%q_{half}, %gamma_{half})\n%bn_{half} = add(%g_{half}, %beta_{half})\n"
+        )
+    };
+    text += "%eps = constant() value=[1e-5] : f32[]\n\
+             %lo = constant() value=[0.0] : f32[]\n%hi = constant() value=[6.0] : f32[]\n";
+    text += &format!(
+        "%d = conv2d(%x, %wd) layout={layout} stride=[1, 1] padding=[1, 1, 1, 1] dilation=[1, 1] groups={c}\n"
+    );
+    text += &batchnorm("d", "%d");
+    text += "%r6 = clamp(%bn_d, %lo, %hi)\n";
+    text += &format!(
+        "%p = conv2d(%r6, %wp) layout={layout} stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n"
+    );
+    text += &batchnorm("p", "%p");
+    text += "%y = add(%bn_p, %x)\noutput \"y\" = %y\n";
+    text
+}
+
+#[test]
+fn a_mobilenet_v2_block_is_one_kernel_within_rounding_of_the_reference() {
+    for (k, layout) in ["nchw", "nhwc"].into_iter().enumerate() {
+        let graph = kfuse::parse(&block(layout, 7 + k as u64)).unwrap();
+        let options = Options::default();
+        let exe = kfuse::compile(&graph, &options, &FixedCostModel::default()).unwrap();
+        let folds = exe
+            .passes
+            .iter()
+            .filter(|p| p.contains("fold-affine"))
+            .count();
+        assert_eq!(
+            folds, 2,
+            "{layout}: both batchnorms fold\n{:#?}",
+            exe.passes
+        );
+        assert_eq!(
+            exe.program.steps.len(),
+            1,
+            "{layout}: one step\n{:#?}",
+            exe.program.steps
+        );
+        let Step::Structured { call, .. } = &exe.program.steps[0] else {
+            panic!(
+                "{layout}: a structured step, not {:?}",
+                exe.program.steps[0]
+            );
+        };
+        assert_eq!(
+            call.name(),
+            "conv2d.depthwise+add+clamp+conv2d+add+add",
+            "{layout}"
+        );
+
+        let shape = graph.ty(graph.outputs()[0].value).shape.clone();
+        let mut rng = Lcg(99 + k as u64);
+        let values: Vec<f32> = (0..shape.n_elems())
+            .map(|_| (rng.next() * 4.0 - 2.0) as f32)
+            .collect();
+        let x = Array::from_vec(shape.dims().to_vec(), values).unwrap();
+        let inputs = vec![("x".to_string(), x)];
+        let want = kfuse::run_graph(&graph, &inputs, &CustomOps::new()).unwrap();
+        let (got, _) = exe.run(&inputs, &CustomOps::new()).unwrap();
+        let (want, got) = (&want[0].1, &got[0].1);
+        let scale = (0..want.n_elems())
+            .map(|i| want.get_f64(i).abs())
+            .fold(1.0, f64::max);
+        for i in 0..want.n_elems() {
+            let (w, g) = (want.get_f64(i), got.get_f64(i));
+            assert!(
+                (w - g).abs() <= 1e-5 * scale,
+                "{layout} y[{i}]: reference {w}, fused {g}"
+            );
+        }
+    }
+}
