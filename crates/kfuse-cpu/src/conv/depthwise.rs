@@ -1,9 +1,10 @@
 //! Direct depthwise kernels: one filter per channel, no GEMM.
 //!
-//! NCHW f32 with 3×3 or 5×5 filters at stride 1 without dilation (MobileNet's and W6a's
-//! shapes), on AVX-512: the input is read in place through lane masks, four output rows at a
-//! time, the next channel's rows prefetched (see `in_place`). W6a's depthwise half takes
-//! about 1.0 ms this way, from memory, against 2.0 ms for the bordered copy below.
+//! NCHW f32 with 3×3 or 5×5 filters at stride 1 or 2 without dilation (MobileNet's and
+//! W6a's shapes), on AVX-512: the input is read in place through lane masks, four output rows
+//! at a time, the next channel's rows prefetched (see `in_place`). W6a's depthwise half takes
+//! about 1.0 ms this way, from memory, against 2.0 ms for the bordered copy below; the same
+//! shape at stride 2 takes 0.8–1.0 ms against 5.9 (the copy's one pass per tap).
 //!
 //! Other NCHW shapes: each task copies the input rows its band needs, one channel at a time,
 //! into a zero-bordered scratch (so no tap needs a bounds test), and computes every output
@@ -287,12 +288,14 @@ fn nhwc<T: Real>(
     }
 }
 
-/// The f32 NCHW kernel for 3×3 and 5×5 filters at stride 1 without dilation, on AVX-512: it
-/// reads the input in place, with no bordered copy. Each 16-column block of output loads an
-/// input row's vector for a tap column once, through a mask that keeps the lanes whose column
-/// is inside the image (the rest count as zero and are not read), and adds it to the sums of
-/// every output row of the `ROWS` in flight that this input row reaches. Blocks clear of
-/// both borders load without masks. Rows above and below the image read a row of zeros.
+/// The f32 NCHW kernel for 3×3 and 5×5 filters at stride 1 or 2 (the same along both axes)
+/// without dilation, on AVX-512: it reads the input in place, with no bordered copy. Each
+/// 16-column block of output loads an input row's vector for a tap column once, through a
+/// mask that keeps the lanes whose column is inside the image (the rest count as zero and are
+/// not read), and adds it to the sums of every output row of the `ROWS` in flight that this
+/// input row reaches. At stride 2 a tap's vector is the even lanes of two consecutive loads.
+/// Blocks clear of both borders load without masks. Rows above and below the image read a row
+/// of zeros.
 ///
 /// Measured on W6a's shape, one thread, input in cache: 4 rows at a time 10–11 cycles per
 /// 16 outputs, 8 rows slower (row pointers and weights spill), two blocks side by side
@@ -306,41 +309,58 @@ mod in_place {
     use crate::dense::{epilogue, Activation, RowBias, Tail};
 
     /// Output rows summed together: their sums are independent FMA chains, and each input
-    /// vector loaded feeds up to `KH` of them.
+    /// vector loaded feeds every one of them its row reaches.
     const ROWS: usize = 4;
-    /// The most input rows one step reads: `ROWS + KH - 1` for the largest filter.
-    const MAX_IN: usize = ROWS + 4;
+    /// The most input rows one step reads: `(ROWS - 1) * stride + KH`, for the largest
+    /// filter at stride 2.
+    const MAX_IN: usize = (ROWS - 1) * 2 + 5;
 
-    /// Whether this kernel handles `g` (NCHW, 3×3 or 5×5, stride 1, no dilation).
+    /// Whether this kernel handles `g` (NCHW, 3×3 or 5×5, stride 1 or 2, no dilation).
     pub(super) fn applies(g: &Geometry) -> bool {
         g.layout == kfuse_ir::Layout::Nchw
             && matches!((g.kh, g.kw), (3, 3) | (5, 5))
-            && g.stride == [1, 1]
+            && matches!(g.stride, [1, 1] | [2, 2])
             && g.dilation == [1, 1]
     }
 
     /// One block of 16 output columns from `x0`: the lanes stored, and per tap column `j` the
-    /// lanes whose input column `x0 + lane + j - pad_left` lies inside the row.
+    /// lanes of its (at stride 2, two) loads whose input column lies inside the row: lane `l`
+    /// of load `h` reads column `S * x0 + j - pad_left + 16 * h + l`.
     struct Block<const KW: usize> {
         x0: usize,
         store: __mmask16,
-        taps: [__mmask16; KW],
+        taps: [[__mmask16; 2]; KW],
     }
 
-    fn blocks<const KW: usize>(g: &Geometry) -> Vec<Block<KW>> {
+    fn blocks<const KW: usize, const S: usize>(g: &Geometry) -> Vec<Block<KW>> {
         let (ow, in_w, pl) = (g.y[3], g.x[3] as isize, g.pad[1] as isize);
         (0..ow)
             .step_by(16)
             .map(|x0| {
                 let lanes = (ow - x0).min(16);
-                let mask = |keep: &dyn Fn(isize) -> bool| {
-                    (0..lanes).fold(0u16, |m, l| m | (u16::from(keep(l as isize)) << l))
+                // The input columns a load must cover: those of the block's stored lanes.
+                let needed = |j: usize, h: usize, l: usize| {
+                    let k = 16 * h + l;
+                    if S == 1 {
+                        h == 0 && l < lanes
+                    } else {
+                        // Lanes 2l and 2l + 1 for output lane l (the odd one is loaded
+                        // only to let a whole block load without a mask).
+                        k / 2 < lanes
+                    }
+                    .then_some(((S * x0) as isize) + j as isize - pl + k as isize)
                 };
                 Block {
                     x0,
-                    store: mask(&|_| true),
+                    store: (0..lanes).fold(0u16, |m, l| m | (1 << l)),
                     taps: std::array::from_fn(|j| {
-                        mask(&|l| (0..in_w).contains(&(x0 as isize + l + j as isize - pl)))
+                        std::array::from_fn(|h| {
+                            (0..16).fold(0u16, |m, l| {
+                                let inside =
+                                    needed(j, h, l).is_some_and(|c| (0..in_w).contains(&c));
+                                m | (u16::from(inside) << l)
+                            })
+                        })
                     }),
                 }
             })
@@ -348,7 +368,7 @@ mod in_place {
     }
 
     /// Depthwise output rows `rows` of image `n`, channel `ch` to `dst + ch * channel_stride`,
-    /// `rows.len() * ow` elements each.
+    /// `rows.len() * ow` elements each, with `post`'s bias and activation.
     ///
     /// # Safety
     /// The CPU must have AVX-512F, [`applies`] must hold, and the destination elements must
@@ -366,16 +386,18 @@ mod in_place {
     ) {
         // SAFETY: forwarded from the caller.
         unsafe {
-            match g.kh {
-                3 => band_k::<3, 3>(g, xs, ws, n, rows, dst, channel_stride, post),
-                _ => band_k::<5, 5>(g, xs, ws, n, rows, dst, channel_stride, post),
+            match (g.kh, g.stride[0]) {
+                (3, 1) => band_k::<3, 3, 1>(g, xs, ws, n, rows, dst, channel_stride, post),
+                (3, _) => band_k::<3, 3, 2>(g, xs, ws, n, rows, dst, channel_stride, post),
+                (_, 1) => band_k::<5, 5, 1>(g, xs, ws, n, rows, dst, channel_stride, post),
+                _ => band_k::<5, 5, 2>(g, xs, ws, n, rows, dst, channel_stride, post),
             }
         }
     }
 
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn band_k<const KH: usize, const KW: usize>(
+    unsafe fn band_k<const KH: usize, const KW: usize, const S: usize>(
         g: &Geometry,
         xs: &[f32],
         ws: &[f32],
@@ -389,7 +411,8 @@ mod in_place {
         let [_, _, in_h, in_w] = g.x;
         let (pt, pl) = (g.pad[0] as isize, g.pad[1]);
         assert!(xs.len() >= g.x.iter().product() && ws.len() >= c * KH * KW);
-        let blocks = blocks::<KW>(g);
+        let blocks = blocks::<KW, S>(g);
+        // A zero row as wide as the widest load reaches: every lane a mask keeps lies in it.
         let zeros = vec![0.0f32; in_w];
         for ch in 0..c {
             let plane = &xs[g.x_offset(n, ch, 0, 0)..][..in_h * in_w];
@@ -403,7 +426,7 @@ mod in_place {
                 relu: post.act == Some(Activation::Relu),
             };
             // Input row `h`, shifted so that output column x, tap column j reads element
-            // `x + j` of it (lanes outside the row are masked off, never read).
+            // `S * x + j` of it (lanes outside the row are masked off, never read).
             let row = |h: isize| {
                 let start = if (0..in_h as isize).contains(&h) {
                     plane[h as usize * in_w..].as_ptr()
@@ -414,23 +437,25 @@ mod in_place {
             };
             let mut r = rows.start;
             while r < rows.end {
-                let first = r as isize - pt;
+                let first = (r * S) as isize - pt;
                 let input: [*const f32; MAX_IN] = std::array::from_fn(|k| row(first + k as isize));
                 let out = dst.wrapping_add(ch * channel_stride + (r - rows.start) * ow);
                 let left = rows.end - r;
+                let together = left.min(ROWS);
                 if ch + 1 < c {
                     // The next channel's rows that its own step here will first read,
                     // prefetched while this channel computes. A step reads its rows as short
                     // runs side by side, which the hardware prefetchers do not follow: W6a's
                     // depthwise half took 2.0 ms from memory without this, 1.0 with it.
+                    let reach = first + ((together - 1) * S + KH) as isize;
                     let from = if r == rows.start {
                         first
                     } else {
-                        first + KH as isize - 1
+                        // Rows the previous step read are already there.
+                        (first + KH as isize - S as isize).max(first)
                     };
-                    let to = first + (KH - 1 + left.min(ROWS)) as isize;
                     let clamp = |h: isize| h.clamp(0, in_h as isize) as usize;
-                    let (from, to) = (clamp(from), clamp(to));
+                    let (from, to) = (clamp(from), clamp(reach));
                     if from < to {
                         prefetch(&xs[g.x_offset(n, ch + 1, from, 0)..][..(to - from) * in_w]);
                     }
@@ -439,14 +464,14 @@ mod in_place {
                 // by the left padding, and each load keeps only the lanes whose column is
                 // inside it; the stores go to the caller's rows.
                 unsafe {
-                    match left {
-                        1 => step::<KH, KW, 1>(&input, &w, &blocks, out, ow, &finish),
-                        2 => step::<KH, KW, 2>(&input, &w, &blocks, out, ow, &finish),
-                        3 => step::<KH, KW, 3>(&input, &w, &blocks, out, ow, &finish),
-                        _ => step::<KH, KW, ROWS>(&input, &w, &blocks, out, ow, &finish),
+                    match together {
+                        1 => step::<KH, KW, S, 1>(&input, &w, &blocks, out, ow, &finish),
+                        2 => step::<KH, KW, S, 2>(&input, &w, &blocks, out, ow, &finish),
+                        3 => step::<KH, KW, S, 3>(&input, &w, &blocks, out, ow, &finish),
+                        _ => step::<KH, KW, S, ROWS>(&input, &w, &blocks, out, ow, &finish),
                     }
                 }
-                r += left.min(ROWS);
+                r += together;
             }
             // An activation other than ReLU, on the channel's rows while they are in cache.
             if let Some(act) = post.act.filter(|&a| a != Activation::Relu) {
@@ -483,13 +508,13 @@ mod in_place {
     }
 
     /// `R` output rows, the first at `out` (the next ones `ow` apart), from input rows
-    /// `input[0..R + KH - 1]`: output row `r` sums `w[i][j] * input[r + i][x + j]`.
+    /// `input[0..(R - 1) * S + KH]`: output row `r` sums `w[i][j] * input[r * S + i][S * x + j]`.
     ///
     /// # Safety
     /// The CPU must have AVX-512F; every lane a block's masks keep must be readable from the
     /// input rows, and `out` writable for `R` rows of `ow`.
     #[inline(always)]
-    unsafe fn step<const KH: usize, const KW: usize, const R: usize>(
+    unsafe fn step<const KH: usize, const KW: usize, const S: usize, const R: usize>(
         input: &[*const f32; MAX_IN],
         w: &[[__m512; KW]; KH],
         blocks: &[Block<KW>],
@@ -503,12 +528,13 @@ mod in_place {
             // knows) do not force them to be reloaded.
             let (x0, taps, store) = (b.x0, b.taps, b.store);
             let all = u16::MAX;
+            let whole = taps.iter().all(|t| t[0] == all && (S == 1 || t[1] == all));
             // SAFETY: forwarded from the caller.
             let acc = unsafe {
-                if store == all && taps.iter().all(|&m| m == all) {
-                    block::<KH, KW, R, false>(input, w, x0, taps)
+                if store == all && whole {
+                    block::<KH, KW, S, R, false>(input, w, x0, taps)
                 } else {
-                    block::<KH, KW, R, true>(input, w, x0, taps)
+                    block::<KH, KW, S, R, true>(input, w, x0, taps)
                 }
             };
             for (r, &a) in acc.iter().enumerate() {
@@ -535,29 +561,42 @@ mod in_place {
     /// The sums of one block of [`step`], the loads masked by `taps` where `MASKED` (all
     /// lanes otherwise).
     #[inline(always)]
-    unsafe fn block<const KH: usize, const KW: usize, const R: usize, const MASKED: bool>(
+    unsafe fn block<
+        const KH: usize,
+        const KW: usize,
+        const S: usize,
+        const R: usize,
+        const MASKED: bool,
+    >(
         input: &[*const f32; MAX_IN],
         w: &[[__m512; KW]; KH],
         x0: usize,
-        taps: [__mmask16; KW],
+        taps: [[__mmask16; 2]; KW],
     ) -> [__m512; R] {
+        // The even lanes of two vectors: columns 0, 2, .., 30 of a 32-column run.
+        let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
         let mut acc = [_mm512_setzero_ps(); R];
-        for k in 0..R + KH - 1 {
+        for k in 0..(R - 1) * S + KH {
             for j in 0..KW {
-                let at = input[k].wrapping_add(x0 + j);
-                // SAFETY: the caller vouches for the lanes the mask keeps (all of them where
+                let at = input[k].wrapping_add(S * x0 + j);
+                // SAFETY: the caller vouches for the lanes the masks keep (all of them where
                 // not MASKED).
-                let v = unsafe {
+                let load = |h: usize| unsafe {
                     if MASKED {
-                        _mm512_maskz_loadu_ps(taps[j], at)
+                        _mm512_maskz_loadu_ps(taps[j][h], at.wrapping_add(16 * h))
                     } else {
-                        _mm512_loadu_ps(at)
+                        _mm512_loadu_ps(at.wrapping_add(16 * h))
                     }
                 };
+                let v = if S == 1 {
+                    load(0)
+                } else {
+                    _mm512_permutex2var_ps(load(0), even, load(1))
+                };
                 for (r, a) in acc.iter_mut().enumerate() {
-                    // Output row r reads input row k through filter row k - r.
-                    if k >= r && k - r < KH {
-                        *a = _mm512_fmadd_ps(w[k - r][j], v, *a);
+                    // Output row r reads input row k through filter row k - r * S.
+                    if k >= r * S && k - r * S < KH {
+                        *a = _mm512_fmadd_ps(w[k - r * S][j], v, *a);
                     }
                 }
             }
@@ -582,29 +621,38 @@ mod tests {
             eprintln!("SKIPPED: the in-place depthwise kernel needs AVX-512, which this CPU lacks");
             return;
         }
-        let shapes: [(usize, [usize; 4], [usize; 2]); 7] = [
-            (3, [1, 1, 1, 1], [12, 1]),
-            (3, [1, 1, 1, 1], [11, 16]),
-            (3, [0, 0, 0, 0], [13, 17]),
-            (3, [3, 2, 3, 3], [4, 5]),
-            (5, [2, 2, 2, 2], [10, 33]),
-            (5, [1, 3, 0, 4], [9, 40]),
-            (5, [0, 1, 4, 1], [12, 7]),
+        // (kernel, stride, padding, input height and width)
+        let shapes: [(usize, usize, [usize; 4], [usize; 2]); 13] = [
+            (3, 1, [1, 1, 1, 1], [12, 1]),
+            (3, 1, [1, 1, 1, 1], [11, 16]),
+            (3, 1, [0, 0, 0, 0], [13, 17]),
+            (3, 1, [3, 2, 3, 3], [4, 5]),
+            (5, 1, [2, 2, 2, 2], [10, 33]),
+            (5, 1, [1, 3, 0, 4], [9, 40]),
+            (5, 1, [0, 1, 4, 1], [12, 7]),
+            // Stride 2: output rows of 1, 16 and 17 blocks' lanes, odd and even widths, every
+            // padding parity, a row ending exactly at a load's last lane.
+            (3, 2, [1, 1, 1, 1], [13, 1]),
+            (3, 2, [1, 1, 1, 1], [20, 32]),
+            (3, 2, [0, 1, 0, 1], [17, 33]),
+            (3, 2, [1, 0, 1, 0], [9, 34]),
+            (5, 2, [2, 2, 2, 2], [15, 31]),
+            (5, 2, [1, 3, 4, 0], [11, 70]),
         ];
         let mut compared = 0;
         let none = Post::none();
-        for (k, padding, [h, w]) in shapes {
+        for (k, s, padding, [h, w]) in shapes {
             let c = 3;
             let attrs = Conv2dAttrs {
                 layout: Layout::Nchw,
-                stride: [1, 1],
+                stride: [s, s],
                 padding,
                 dilation: [1, 1],
                 groups: c,
             };
             let (oh, ow) = (
-                h + padding[0] + padding[1] + 1 - k,
-                w + padding[2] + padding[3] + 1 - k,
+                (h + padding[0] + padding[1] - k) / s + 1,
+                (w + padding[2] + padding[3] - k) / s + 1,
             );
             let g = Geometry::new(&[2, c, h, w], &[c, 1, k, k], &attrs, &[2, c, oh, ow]);
             assert!(in_place::applies(&g));
@@ -655,8 +703,8 @@ mod tests {
                             let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
                             assert!(
                                 same,
-                                "{k}x{k} padding {padding:?} {h}x{w}, epilogue {e}, image {n} \
-                                 rows {r0}..{r1}"
+                                "{k}x{k} stride {s} padding {padding:?} {h}x{w}, epilogue {e}, \
+                                 image {n} rows {r0}..{r1}"
                             );
                             compared += 1;
                         }
@@ -664,6 +712,6 @@ mod tests {
                 }
             }
         }
-        assert!(compared > 1200);
+        assert!(compared > 2000);
     }
 }
