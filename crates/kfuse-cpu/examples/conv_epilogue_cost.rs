@@ -1,0 +1,86 @@
+//! W7's convolution (8×64×56×56, 3×3, padding 1, f32 NCHW) run by `conv::conv2d` directly, bare
+//! and with a per-channel bias and ReLU in its epilogue, on the same input, alternating, 40
+//! times each: what the fused epilogue costs, outside the runtime and its per-case inputs.
+//!
+//! `cargo run --release -p kfuse-cpu --example conv_epilogue_cost`
+
+use kfuse_cpu::conv::{conv2d, Epilogue, View};
+use kfuse_cpu::dense::Activation;
+use kfuse_ir::{Conv2dAttrs, Layout, Storage};
+use std::time::Instant;
+fn main() {
+    let (n, c, hw) = (8usize, 64usize, 56usize);
+    let x = Storage::F32(
+        (0..n * c * hw * hw)
+            .map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5)
+            .collect(),
+    );
+    let w = Storage::F32(
+        (0..c * c * 9)
+            .map(|i| ((i * 31) % 17) as f32 * 0.01 - 0.08)
+            .collect(),
+    );
+    let b = Storage::F32((0..c).map(|i| i as f32 * 0.01 - 0.3).collect());
+    let attrs = Conv2dAttrs {
+        layout: Layout::Nchw,
+        stride: [1, 1],
+        padding: [1; 4],
+        dilation: [1, 1],
+        groups: 1,
+    };
+    let d = [n, c, hw, hw];
+    let mut y1 = Storage::F32(vec![0.0; n * c * hw * hw]);
+    let mut y2 = Storage::F32(vec![0.0; n * c * hw * hw]);
+    let ep = Epilogue {
+        bias: Some(&b),
+        residual: None,
+        activation: Some(Activation::Relu),
+    };
+    let (mut t1, mut t2) = (vec![], vec![]);
+    for _ in 0..40 {
+        let t = Instant::now();
+        conv2d(
+            View {
+                storage: &x,
+                dims: &d,
+            },
+            View {
+                storage: &w,
+                dims: &[c, c, 3, 3],
+            },
+            &attrs,
+            &d,
+            &mut y1,
+            &Epilogue::default(),
+        )
+        .unwrap();
+        t1.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        conv2d(
+            View {
+                storage: &x,
+                dims: &d,
+            },
+            View {
+                storage: &w,
+                dims: &[c, c, 3, 3],
+            },
+            &attrs,
+            &d,
+            &mut y2,
+            &ep,
+        )
+        .unwrap();
+        t2.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    t1.sort_by(f64::total_cmp);
+    t2.sort_by(f64::total_cmp);
+    println!(
+        "bare {:.3} / {:.3}, bias+relu {:.3} / {:.3} (min / median), ratio {:.3}",
+        t1[0],
+        t1[20],
+        t2[0],
+        t2[20],
+        t2[20] / t1[20]
+    );
+}
