@@ -36,42 +36,25 @@ fn main() {
         residual: None,
         activation: Some(Activation::Relu),
     };
+    let run = |y: &mut Storage, epilogue: &Epilogue| {
+        let t = Instant::now();
+        let (x, w) = (
+            View {
+                storage: &x,
+                dims: &d,
+            },
+            View {
+                storage: &w,
+                dims: &[c, c, 3, 3],
+            },
+        );
+        conv2d(x, w, &attrs, &d, y, epilogue).unwrap();
+        t.elapsed().as_secs_f64() * 1e3
+    };
     let (mut t1, mut t2) = (vec![], vec![]);
     for _ in 0..40 {
-        let t = Instant::now();
-        conv2d(
-            View {
-                storage: &x,
-                dims: &d,
-            },
-            View {
-                storage: &w,
-                dims: &[c, c, 3, 3],
-            },
-            &attrs,
-            &d,
-            &mut y1,
-            &Epilogue::default(),
-        )
-        .unwrap();
-        t1.push(t.elapsed().as_secs_f64() * 1e3);
-        let t = Instant::now();
-        conv2d(
-            View {
-                storage: &x,
-                dims: &d,
-            },
-            View {
-                storage: &w,
-                dims: &[c, c, 3, 3],
-            },
-            &attrs,
-            &d,
-            &mut y2,
-            &ep,
-        )
-        .unwrap();
-        t2.push(t.elapsed().as_secs_f64() * 1e3);
+        t1.push(run(&mut y1, &Epilogue::default()));
+        t2.push(run(&mut y2, &ep));
     }
     t1.sort_by(f64::total_cmp);
     t2.sort_by(f64::total_cmp);

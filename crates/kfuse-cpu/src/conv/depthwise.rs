@@ -817,6 +817,58 @@ mod tests {
     use crate::dense::Activation;
     use kfuse_ir::{Conv2dAttrs, Layout};
 
+    /// The epilogues the kernels are compared under: none, the bias with ReLU (in registers),
+    /// ReLU alone, and the bias with `other` (a pass over the computed rows).
+    fn epilogues(bias: &[f32], other: Activation) -> [Post<'_, f32>; 4] {
+        let none = Post::none();
+        [
+            none,
+            Post {
+                bias: Some(bias),
+                act: Some(Activation::Relu),
+                ..none
+            },
+            Post {
+                act: Some(Activation::Relu),
+                ..none
+            },
+            Post {
+                bias: Some(bias),
+                act: Some(other),
+                ..none
+            },
+        ]
+    }
+
+    /// Runs `run(post, image, rows, a, b)` for every epilogue, both images and every band of
+    /// up to `most` of the `oh` output rows, `a` and `b` each `len(rows)` elements filled
+    /// differently, and asserts that they come out the same bits. Returns the bands compared.
+    fn same_bits_over_bands(
+        posts: &[Post<f32>],
+        oh: usize,
+        most: usize,
+        len: impl Fn(usize) -> usize,
+        run: impl Fn(Post<f32>, usize, std::ops::Range<usize>, &mut [f32], &mut [f32]),
+        what: impl Fn() -> String,
+    ) -> usize {
+        let mut compared = 0;
+        for (e, &post) in posts.iter().enumerate() {
+            for n in 0..2 {
+                for r0 in 0..oh {
+                    for r1 in r0 + 1..=(r0 + most).min(oh) {
+                        let (mut a, mut b) =
+                            (vec![1.5f32; len(r1 - r0)], vec![2.5f32; len(r1 - r0)]);
+                        run(post, n, r0..r1, &mut a, &mut b);
+                        let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+                        assert!(same, "{}, epilogue {e}, image {n} rows {r0}..{r1}", what());
+                        compared += 1;
+                    }
+                }
+            }
+        }
+        compared
+    }
+
     /// The in-place kernel against the bordered-copy one, which sums the same taps in the
     /// same order: the same bits for every band of 1 to 9 rows (each number of rows left for
     /// the last step), every width class (under one block, whole blocks, one lane past), no,
@@ -846,7 +898,6 @@ mod tests {
             (5, 2, [1, 3, 4, 0], [11, 70]),
         ];
         let mut compared = 0;
-        let none = Post::none();
         for (k, s, padding, [h, w]) in shapes {
             let c = 3;
             let attrs = Conv2dAttrs {
@@ -872,51 +923,23 @@ mod tests {
             let ws: Vec<f32> = (0..c * k * k)
                 .map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0)
                 .collect();
-            // The epilogues: none, bias and ReLU (in registers), ReLU alone, bias and sigmoid
-            // (a pass over each channel's rows).
             let bias = [0.25f32, -0.5, 0.0];
-            let posts = [
-                none,
-                Post {
-                    bias: Some(&bias[..]),
-                    act: Some(Activation::Relu),
-                    ..none
-                },
-                Post {
-                    act: Some(Activation::Relu),
-                    ..none
-                },
-                Post {
-                    bias: Some(&bias[..]),
-                    act: Some(Activation::Sigmoid),
-                    ..none
-                },
-            ];
-            for (e, post) in posts.into_iter().enumerate() {
-                for n in 0..2 {
-                    for r0 in 0..oh {
-                        for r1 in r0 + 1..=(r0 + 9).min(oh) {
-                            let len = c * (r1 - r0) * ow;
-                            let (mut a, mut b) = (vec![1.5f32; len], vec![2.5f32; len]);
-                            let stride = (r1 - r0) * ow;
-                            let (pa, pb) = (a.as_mut_ptr(), Out(b.as_mut_ptr()));
-                            // SAFETY: each buffer holds the c channels' rows; the CPU has
-                            // AVX-512.
-                            unsafe {
-                                in_place::band(&g, &xs, &ws, n, r0..r1, pa, stride, post);
-                                band_body(&g, &xs, &ws, n, r0..r1, pb, stride, post);
-                            }
-                            let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
-                            assert!(
-                                same,
-                                "{k}x{k} stride {s} padding {padding:?} {h}x{w}, epilogue {e}, \
-                                 image {n} rows {r0}..{r1}"
-                            );
-                            compared += 1;
-                        }
+            compared += same_bits_over_bands(
+                &epilogues(&bias, Activation::Sigmoid),
+                oh,
+                9,
+                |rows| c * rows * ow,
+                |post, n, rows, a, b| {
+                    let stride = rows.len() * ow;
+                    let (pa, pb) = (a.as_mut_ptr(), Out(b.as_mut_ptr()));
+                    // SAFETY: each buffer holds the c channels' rows; the CPU has AVX-512.
+                    unsafe {
+                        in_place::band(&g, &xs, &ws, n, rows.clone(), pa, stride, post);
+                        band_body(&g, &xs, &ws, n, rows, pb, stride, post);
                     }
-                }
-            }
+                },
+                || format!("{k}x{k} stride {s} padding {padding:?} {h}x{w}"),
+            );
         }
         assert!(compared > 2000);
     }
@@ -964,43 +987,21 @@ mod tests {
                 .map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0)
                 .collect();
             let bias: Vec<f32> = (0..c).map(|i| i as f32 / 8.0 - 1.0).collect();
-            let none = Post::none();
-            let posts = [
-                none,
-                Post {
-                    bias: Some(&bias[..]),
-                    act: Some(Activation::Relu),
-                    ..none
-                },
-                Post {
-                    bias: Some(&bias[..]),
-                    act: Some(Activation::Tanh),
-                    ..none
-                },
-            ];
-            for (e, post) in posts.into_iter().enumerate() {
-                for n in 0..2 {
-                    for r0 in 0..oh {
-                        for r1 in r0 + 1..=(r0 + 3).min(oh) {
-                            let len = (r1 - r0) * ow * c;
-                            let (mut a, mut b) = (vec![1.5f32; len], vec![2.5f32; len]);
-                            let (pa, pb) = (a.as_mut_ptr(), Out(b.as_mut_ptr()));
-                            // SAFETY: each buffer holds the band; the CPU has AVX-512.
-                            unsafe {
-                                nhwc_avx512::band(&g, &xs, &ws, n, r0..r1, pa, post);
-                                band_body(&g, &xs, &ws, n, r0..r1, pb, 0, post);
-                            }
-                            let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
-                            assert!(
-                                same,
-                                "{c} channels {kh}x{kw} stride {s} dilation {d} padding \
-                                 {padding:?}, epilogue {e}, image {n} rows {r0}..{r1}"
-                            );
-                            compared += 1;
-                        }
+            compared += same_bits_over_bands(
+                &epilogues(&bias, Activation::Tanh),
+                oh,
+                3,
+                |rows| rows * ow * c,
+                |post, n, rows, a, b| {
+                    let (pa, pb) = (a.as_mut_ptr(), Out(b.as_mut_ptr()));
+                    // SAFETY: each buffer holds the band; the CPU has AVX-512.
+                    unsafe {
+                        nhwc_avx512::band(&g, &xs, &ws, n, rows.clone(), pa, post);
+                        band_body(&g, &xs, &ws, n, rows, pb, 0, post);
                     }
-                }
-            }
+                },
+                || format!("{c} channels {kh}x{kw} stride {s} dilation {d} padding {padding:?}"),
+            );
         }
         assert!(compared > 200);
     }
