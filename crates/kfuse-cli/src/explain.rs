@@ -295,6 +295,12 @@ pub fn explain(
     Ok(s)
 }
 
+/// An absorbed activation node as explain names it (a clamp with its bounds).
+fn activation_name(graph: &Graph, node: kfuse::NodeId) -> String {
+    kfuse::fusion::Activation::of_node(graph, node)
+        .map_or_else(|| graph.node(node).op.name().to_string(), |a| a.describe())
+}
+
 /// What a structured kernel fused into its convolution or matmul, and how.
 fn structured_head(graph: &Graph, group: &kfuse::fusion::StructuredGroup) -> String {
     let mut parts = Vec::new();
@@ -312,7 +318,7 @@ fn structured_head(graph: &Graph, group: &kfuse::fusion::StructuredGroup) -> Str
             own.push(format!("per-channel bias add %{}", a.0));
         }
         if let Some(a) = group.depthwise_activation {
-            own.push(format!("{} %{}", graph.node(a).op.name(), a.0));
+            own.push(format!("{} %{}", activation_name(graph, a), a.0));
         }
         let own = if own.is_empty() {
             String::new()
@@ -332,7 +338,7 @@ fn structured_head(graph: &Graph, group: &kfuse::fusion::StructuredGroup) -> Str
         epilogue.push(format!("residual add %{}", a.0));
     }
     if let Some(a) = group.activation {
-        epilogue.push(format!("{} %{}", graph.node(a).op.name(), a.0));
+        epilogue.push(format!("{} %{}", activation_name(graph, a), a.0));
     }
     if !epilogue.is_empty() {
         parts.push(format!(

@@ -339,6 +339,30 @@ fn explain_shows_folded_batchnorm_and_the_structured_block() {
 }
 
 #[test]
+fn explain_shows_a_mobilenet_v2_block_as_one_kernel() {
+    let o = kfuse(&[
+        "explain",
+        &example("mobilenet_v2_block.kf"),
+        "--cost-model",
+        "fixed",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(text.matches("pass fold-affine:").count(), 2, "{text}");
+    assert!(text.contains("1 kernel(s) (unfused: 6)"), "{text}");
+    assert!(
+        text.contains(
+            "its per-channel bias add %6 + clamp to [0, 6] %7 applied to each tile in cache"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("epilogue per-channel bias add %11 + residual add %12"),
+        "{text}"
+    );
+}
+
+#[test]
 fn explain_shows_kernels_bytes_and_boundaries() {
     let o = kfuse(&["explain", &example("layernorm.kf")]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -130,6 +130,14 @@ impl Activation {
             .then(|| Activation::Clamp(Bounds::new(lo, hi)))
     }
 
+    /// The IR op's name, with a clamp's bounds: `relu`, `clamp to [0, 6]`.
+    pub fn describe(self) -> String {
+        match self {
+            Activation::Clamp(b) => format!("clamp to [{}, {}]", b.lo(), b.hi()),
+            other => other.name().to_string(),
+        }
+    }
+
     /// The IR op's name.
     pub fn name(self) -> &'static str {
         match self {

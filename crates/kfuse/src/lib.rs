@@ -31,8 +31,8 @@ pub use kfuse_interp::{CustomOps, InterpError, RunStats};
 pub use kfuse_ir::text::{parse_graph, print_graph, ParseError};
 pub use kfuse_ir::{
     bf16, f16, Array, BinaryOp, CompareOp, Conv2dAttrs, DType, Element, Graph, Ieee64, IrError,
-    Layout, Op, PadMode, Pool2dAttrs, PoolKind, ReduceOp, RngDist, Shape, Storage, TensorType,
-    UnaryOp, Value,
+    Layout, NodeId, Op, PadMode, Pool2dAttrs, PoolKind, ReduceOp, RngDist, Shape, Storage,
+    TensorType, UnaryOp, Value,
 };
 pub use kfuse_npy as npy;
 pub use kfuse_runtime::{Backend, CacheAligned, Executable, Options, Tier};
