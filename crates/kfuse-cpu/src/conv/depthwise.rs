@@ -618,7 +618,8 @@ mod in_place {
 ///
 /// W6a's input in NHWC, the depthwise convolution alone: 5.3 ms in the portable kernel, 8 ms
 /// in this one without its prefetch (its loads stalled: each block reads its pixels a 16-channel
-/// chunk at a time, a 256-byte stride on three rows), 3.1–3.4 ms with it.
+/// chunk at a time, a 256-byte stride on three rows), 3.1–3.4 ms with it, 2.8–2.9 ms with each
+/// row's filter rows and each pixel's offsets looked up once.
 #[cfg(target_arch = "x86_64")]
 mod nhwc_avx512 {
     use std::arch::x86_64::*;
@@ -678,19 +679,25 @@ mod nhwc_avx512 {
         let [_, _, in_h, in_w] = g.x;
         // Per output column and tap column, the input column read, or -1 where it lies in the
         // padding.
+        // Per output column and tap column, where the input pixel starts in its row (its column
+        // times the channels), or -1 where it lies in the padding.
         let cols: Vec<isize> = (0..ow)
-            .flat_map(|o| (0..g.kw).map(move |j| g.tap(1, o, j).map_or(-1, |x| x as isize)))
+            .flat_map(|o| (0..g.kw).map(move |j| g.tap(1, o, j).map_or(-1, |x| (x * c) as isize)))
             .collect();
         let image = &xs[g.x_offset(n, 0, 0, 0)..][..in_h * in_w * c];
+        // The filter rows an output row reads inside the image, each with its input row.
+        let mut taps_in = Vec::with_capacity(g.kh);
         for r in rows.clone() {
             let at_row = (r - rows.start) * ow * c;
             let out_row = &mut out[at_row..at_row + ow * c];
+            taps_in.clear();
+            taps_in.extend((0..g.kh).filter_map(|i| g.tap(0, r, i).map(|h| (i, h * in_w * c))));
             let pass = Pass {
                 g,
                 image,
                 wt: &wt,
                 cols: &cols,
-                r,
+                rows: &taps_in,
                 bias: post.bias,
                 relu,
             };
@@ -725,9 +732,11 @@ mod nhwc_avx512 {
         image: &'a [f32],
         /// Weights `[tap][channel]`.
         wt: &'a [f32],
-        /// Per output column and tap column, the input column, or -1 in the padding.
+        /// Per output column and tap column, the input pixel's offset in its row, or -1 in the
+        /// padding.
         cols: &'a [isize],
-        r: usize,
+        /// The filter rows inside the image, each with its input row's offset.
+        rows: &'a [(usize, usize)],
         bias: Option<&'a [f32]>,
         relu: bool,
     }
@@ -750,9 +759,9 @@ mod nhwc_avx512 {
             let (from, to) = (ahead * g.stride[1], (ahead + P) * g.stride[1] + g.kw);
             let (from, to) = (from.saturating_sub(g.pad[1]).min(in_w), to.min(in_w));
             if from < to {
-                for i in 0..g.kh {
-                    if let Some(h) = g.tap(0, self.r, i) {
-                        let run = &self.image[(h * in_w + from) * c..(h * in_w + to) * c];
+                for &(_, at) in self.rows {
+                    {
+                        let run = &self.image[at + from * c..at + to * c];
                         let start = run.as_ptr() as usize;
                         for line in (start & !63..start + 4 * run.len()).step_by(64) {
                             // SAFETY: a prefetch reads nothing architecturally.
@@ -765,11 +774,8 @@ mod nhwc_avx512 {
                 let lanes = (c - c0).min(16);
                 let mask: __mmask16 = (((1u32 << lanes) - 1) & 0xffff) as u16;
                 let mut acc = [zero; P];
-                for i in 0..g.kh {
-                    let Some(h) = g.tap(0, self.r, i) else {
-                        continue;
-                    };
-                    let row = &self.image[h * in_w * c..][..in_w * c];
+                for &(i, at) in self.rows {
+                    let row = &self.image[at..][..in_w * c];
                     for j in 0..g.kw {
                         let wt = &self.wt[(i * g.kw + j) * c + c0..][..lanes];
                         // SAFETY: the mask keeps the `lanes` elements of `wt`.
@@ -779,10 +785,10 @@ mod nhwc_avx512 {
                             if col < 0 {
                                 continue;
                             }
-                            // SAFETY: `col < in_w` (a tap inside the row) and
+                            // SAFETY: `col` is a pixel's start inside the row and
                             // `c0 + lanes <= c`, so the lanes the mask keeps lie in `row`.
                             let xv = unsafe {
-                                _mm512_maskz_loadu_ps(mask, row.as_ptr().add(col as usize * c + c0))
+                                _mm512_maskz_loadu_ps(mask, row.as_ptr().add(col as usize + c0))
                             };
                             *a = _mm512_fmadd_ps(wv, xv, *a);
                         }
