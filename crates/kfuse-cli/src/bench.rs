@@ -442,7 +442,7 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
     if only.is_empty()
         || only
             .iter()
-            .any(|o| o.starts_with("W6") || o == "W7" || o == "mobilenet")
+            .any(|o| o.starts_with("W6") || o == "W7" || o == "mobilenet" || o == "inverted")
     {
         report["convolutions"] = conv_workloads(&cache, runs, quick, as_json, only)?;
     }
@@ -802,6 +802,50 @@ fn conv_workloads(
             );
         }
         rows.push(json!({"id": "mobilenet", "ms": fused, "unfused_ms": unfused, "speedup": unfused / fused}));
+    }
+    if wanted("inverted") {
+        // A MobileNetV2 inverted residual at 56×56: 24 channels expanded to 144, depthwise,
+        // projected back to 24, bias and ReLU6 after the first two, bias and the skip
+        // connection after the last.
+        let (c, e, hw) = (24, 144, if quick { 14 } else { 56 });
+        let relu6 = |v: &str, out: &str| format!("%{out} = clamp(%{v}, %lo, %hi)\n");
+        let block = input("x", &[n, c, hw, hw])
+            + &input("we", &[e, c, 1, 1])
+            + &input("be", &[e, 1, 1])
+            + &input("wd", &[e, 1, 3, 3])
+            + &input("bd", &[e, 1, 1])
+            + &input("wp", &[c, e, 1, 1])
+            + &input("bp", &[c, 1, 1])
+            + "%lo = constant() value=[0.0] : f32[]\n%hi = constant() value=[6.0] : f32[]\n"
+            + &conv("x", "we", "x1", 1, 0)
+            + "%x2 = add(%x1, %be)\n"
+            + &relu6("x2", "x3")
+            + &conv("x3", "wd", "d1", e, 1)
+            + "%d2 = add(%d1, %bd)\n"
+            + &relu6("d2", "d3")
+            + &conv("d3", "wp", "p1", 1, 0)
+            + "%p2 = add(%p1, %bp)\n%y = add(%p2, %x)\noutput \"y\" = %y\n";
+        let frozen = vec![
+            ("we".to_string(), randn(&[e, c, 1, 1], 0.2)?),
+            ("be".to_string(), randn(&[e, 1, 1], 0.1)?),
+            ("wd".to_string(), randn(&[e, 1, 3, 3], 0.3)?),
+            ("bd".to_string(), randn(&[e, 1, 1], 0.1)?),
+            ("wp".to_string(), randn(&[c, e, 1, 1], 0.1)?),
+            ("bp".to_string(), randn(&[c, 1, 1], 0.1)?),
+        ];
+        let cases = [
+            prepare(&block, &frozen, kfuse::FusePolicy::Cost, cache)?,
+            prepare(&block, &frozen, kfuse::FusePolicy::None, cache)?,
+        ];
+        let ms = interleaved_ms(&cases, runs)?;
+        let (fused, unfused) = (ms[0], ms[1]);
+        if !as_json {
+            println!(
+                "inverted (MobileNetV2 block, {n}x{c}x{hw}x{hw}, expansion 6): fused {fused:.2} ms, unfused {unfused:.2} ms ({:.2}x)",
+                unfused / fused
+            );
+        }
+        rows.push(json!({"id": "inverted", "ms": fused, "unfused_ms": unfused, "speedup": unfused / fused}));
     }
     if wanted("W7") {
         let c = 64;

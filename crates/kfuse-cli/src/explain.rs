@@ -325,6 +325,24 @@ fn structured_head(graph: &Graph, group: &kfuse::fusion::StructuredGroup) -> Str
         } else {
             format!(", its {} applied to each tile in cache", own.join(" + "))
         };
+        if let Some(e) = group.expand {
+            let mut own = Vec::new();
+            if let Some((a, _)) = e.bias {
+                own.push(format!("per-channel bias add %{}", a.0));
+            }
+            if let Some(a) = e.activation {
+                own.push(format!("{} %{}", activation_name(graph, a), a.0));
+            }
+            let own = if own.is_empty() {
+                String::new()
+            } else {
+                format!(", its {}", own.join(" + "))
+            };
+            parts.push(format!(
+                "expansion conv2d %{} computed band by band into cache for the depthwise one{own} (its output is never stored; the filter's halo rows are recomputed)",
+                e.conv.0
+            ));
+        }
         parts.push(format!(
             "depthwise conv2d %{} computed tile by tile into cache{own} and consumed there (its output is never stored)",
             d.0

@@ -104,7 +104,8 @@ enum Command {
         /// Only these workloads (W0, W1, W2a, W2b, W3, W4a, W4b, W5a, W5b, W6a, W6b, W7) and
         /// extra cases (cost: the cost model's partial fusion; transpose: a fused transpose;
         /// activations: each GEMM epilogue activation against the bias alone; mobilenet: W6a
-        /// with a bias and ReLU after each half, fused against unfused).
+        /// with a bias and ReLU after each half, fused against unfused; inverted: a MobileNetV2
+        /// inverted residual, fused against unfused).
         #[arg(value_name = "ID")]
         only: Vec<String>,
     },

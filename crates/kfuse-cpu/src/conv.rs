@@ -557,6 +557,90 @@ pub fn separable(
     }
 }
 
+/// One convolution of a block: its weights, attributes, output dims and own epilogue.
+pub type Stage<'a> = (View<'a>, &'a Conv2dAttrs, &'a [usize], &'a Epilogue<'a>);
+
+/// MobileNetV2's inverted residual: a 1×1 expansion of `x` (`expand`, with its own bias and
+/// activation), a depthwise convolution of its result (`depthwise`, likewise), and a pointwise
+/// projection by `pointwise_weight` with the epilogue, into `out`. For f32 NCHW on AVX-512 the
+/// expanded tensor is never stored: each band of output rows expands the input rows it reads
+/// into a tile. Elsewhere the expansion is computed whole, then the separable block.
+#[allow(clippy::too_many_arguments)]
+pub fn inverted_residual(
+    x: View,
+    (expand_weight, expand_attrs, expand_dims, expand_epilogue): Stage,
+    (depthwise_weight, depthwise_attrs, middle_dims, middle): Stage,
+    pointwise_weight: View,
+    out_dims: &[usize],
+    out: &mut Storage,
+    epilogue: &Epilogue,
+) -> Result<(), String> {
+    if expand_epilogue.residual.is_some() || middle.residual.is_some() {
+        return Err("the first two convolutions of an inverted residual take no residual".into());
+    }
+    let ge = Geometry::new(x.dims, expand_weight.dims, expand_attrs, expand_dims);
+    if !ge.is_pointwise() || ge.groups != 1 {
+        return Err("the expansion of an inverted residual is a plain 1×1 convolution".into());
+    }
+    let gd = Geometry::new(
+        expand_dims,
+        depthwise_weight.dims,
+        depthwise_attrs,
+        middle_dims,
+    );
+    let fused = ge.layout == Layout::Nchw
+        && gd.layout == Layout::Nchw
+        && crate::dense::has_avx512()
+        && x.storage.dtype() == DType::F32;
+    if fused {
+        let dtype = "the operands of an inverted residual share one dtype";
+        let (xs, we, wd, wp) = (
+            f32::slice(x.storage).ok_or(dtype)?,
+            f32::slice(expand_weight.storage).ok_or(dtype)?,
+            f32::slice(depthwise_weight.storage).ok_or(dtype)?,
+            f32::slice(pointwise_weight.storage).ok_or(dtype)?,
+        );
+        let y = output::<f32>(out, out_dims)?;
+        let c_out = pointwise_weight.dims[0];
+        let post = Post::<f32>::new(epilogue, c_out, y.len())?;
+        let expand = Post::<f32>::new(expand_epilogue, ge.y[1], 0)?;
+        let middle = Post::<f32>::new(middle, gd.y[1], 0)?;
+        if !y.is_empty() {
+            direct::inverted_residual(&ge, xs, we, expand, &gd, wd, middle, wp, c_out, y, post);
+        }
+        return Ok(());
+    }
+    let n: usize = expand_dims.iter().product();
+    let mut expanded = match x.storage.dtype() {
+        DType::F32 => Storage::F32(vec![0.0; n]),
+        DType::F64 => Storage::F64(vec![0.0; n]),
+        other => return Err(format!("fast conv2d supports f32 and f64, not {other}")),
+    };
+    conv2d(
+        x,
+        expand_weight,
+        expand_attrs,
+        expand_dims,
+        &mut expanded,
+        expand_epilogue,
+    )?;
+    let expanded = View {
+        storage: &expanded,
+        dims: expand_dims,
+    };
+    separable(
+        expanded,
+        depthwise_weight,
+        depthwise_attrs,
+        middle_dims,
+        middle,
+        pointwise_weight,
+        out_dims,
+        out,
+        epilogue,
+    )
+}
+
 type SeparableArgs<'a> = (
     View<'a>,
     View<'a>,

@@ -13,4 +13,4 @@ pub use partition::{
     partition, print_partition, splits_rows, FusePolicy, FusionDecision, Kernel, KernelKind,
     Partition, MIN_ROW,
 };
-pub use structured::{Activation, Bounds, StructuredGroup};
+pub use structured::{Activation, Bounds, Chain, StructuredGroup};

@@ -42,6 +42,9 @@ pub struct StructuredGroup {
     /// An [`Activation`] of the depthwise result (after its bias), before the pointwise
     /// convolution.
     pub depthwise_activation: Option<NodeId>,
+    /// A 1×1 convolution (with its own bias and activation) whose result only the depthwise
+    /// convolution reads: MobileNetV2's expansion. Its output is never stored either.
+    pub expand: Option<Chain>,
     /// Matmul only: `permute` nodes swapping the last two axes of the left and right operands,
     /// folded into the GEMM's strides.
     pub transposed: [Option<NodeId>; 2],
@@ -155,8 +158,15 @@ impl StructuredGroup {
     pub fn nodes(&self) -> Vec<NodeId> {
         let mut transposes: Vec<NodeId> = self.transposed.iter().flatten().copied().collect();
         transposes.sort();
-        self.depthwise
+        let expand = self.expand.map_or(Vec::new(), |e| {
+            let mut nodes = vec![e.conv];
+            nodes.extend(e.bias.map(|(add, _)| add));
+            nodes.extend(e.activation);
+            nodes
+        });
+        expand
             .into_iter()
+            .chain(self.depthwise)
             .chain(self.depthwise_bias_add)
             .chain(self.depthwise_activation)
             .chain(transposes)
@@ -199,6 +209,24 @@ impl StructuredGroup {
             } else {
                 format!(" ({} applied to it in cache)", own.join(" + "))
             };
+            if let Some(e) = self.expand {
+                let own: Vec<String> = e
+                    .bias
+                    .map(|(add, _)| add)
+                    .into_iter()
+                    .chain(e.activation)
+                    .map(name)
+                    .collect();
+                let own = if own.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({} applied to it in cache)", own.join(" + "))
+                };
+                parts.push(format!(
+                    "expansion {}{own} computed band by band for the depthwise one, never stored",
+                    name(e.conv)
+                ));
+            }
             parts.push(format!(
                 "depthwise {}{own} consumed tile by tile, never stored",
                 name(d)
@@ -228,6 +256,7 @@ impl StructuredGroup {
     /// Whether the group absorbs anything beyond the convolution.
     pub fn absorbs(&self) -> bool {
         self.depthwise.is_some()
+            || self.expand.is_some()
             || self.transposed.iter().any(Option::is_some)
             || self.bias_add.is_some()
             || self.residual_add.is_some()
@@ -336,21 +365,29 @@ fn is_channel_bias(graph: &Graph, conv: NodeId, bias: Value) -> bool {
     }) && b.shape.rank() + channel_axis >= rank
 }
 
-/// The depthwise half of a separable block ending at pointwise convolution `pointwise`: walking
-/// back from its input through at most an activation and, before it, a per-channel bias add, to
-/// a depthwise convolution, each value on the way used only by the next node. Returns the
-/// depthwise node, the bias add with its bias operand, and the activation; or why not, where a
-/// depthwise convolution was there to absorb.
-#[allow(clippy::type_complexity)]
-fn depthwise_chain(
-    graph: &Graph,
-    users: &BTreeMap<Value, Vec<NodeId>>,
-    pointwise: NodeId,
-) -> Option<Result<(NodeId, Option<(NodeId, Value)>, Option<NodeId>), String>> {
-    if !is_pointwise(graph, pointwise) {
-        return None;
+/// A convolution with the per-channel bias add and the activation that follow it on the way
+/// to the next convolution of a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chain {
+    pub conv: NodeId,
+    /// The `add` and its bias operand.
+    pub bias: Option<(NodeId, Value)>,
+    pub activation: Option<NodeId>,
+}
+
+impl Chain {
+    /// The values from the convolution's output to the chain's last result, in order.
+    fn links(&self) -> Vec<Value> {
+        let mut links = vec![value(self.conv)];
+        links.extend(self.bias.map(|(add, _)| value(add)));
+        links.extend(self.activation.map(value));
+        links
     }
-    let mut v = graph.node(pointwise).operands[0];
+}
+
+/// Walking back from `v` through at most an activation and, before it, a per-channel bias add,
+/// to a convolution `accept` takes (its result 0).
+fn chain_back(graph: &Graph, mut v: Value, accept: &dyn Fn(NodeId) -> bool) -> Option<Chain> {
     let activation = Activation::of_node(graph, v.node).map(|_| v.node);
     if let Some(a) = activation {
         v = graph.node(a).operands[0];
@@ -360,7 +397,7 @@ fn depthwise_chain(
         let operands = &graph.node(v.node).operands;
         let found = operands.iter().enumerate().find_map(|(i, &d)| {
             let other = operands[1 - i];
-            (is_depthwise(graph, d.node) && d.result == 0 && is_channel_bias(graph, d.node, other))
+            (accept(d.node) && d.result == 0 && is_channel_bias(graph, d.node, other))
                 .then_some((d, other))
         });
         if let Some((d, other)) = found {
@@ -368,31 +405,64 @@ fn depthwise_chain(
             v = d;
         }
     }
-    if !is_depthwise(graph, v.node) || v.result != 0 {
-        return None;
-    }
-    // Every value from the depthwise output to the pointwise input has one user, the next.
-    let mut links = vec![v];
-    links.extend(bias.map(|(add, _)| value(add)));
-    links.extend(activation.map(value));
-    for link in links {
-        if let Err(why) = single_use(graph, users, link) {
-            let at = if link == v {
-                String::new()
+    (accept(v.node) && v.result == 0).then_some(Chain {
+        conv: v.node,
+        bias,
+        activation,
+    })
+}
+
+/// Why a chain's values cannot all be absorbed, if so: one of them has other users or is a
+/// graph output.
+fn chain_refused(
+    graph: &Graph,
+    users: &BTreeMap<Value, Vec<NodeId>>,
+    chain: &Chain,
+) -> Option<String> {
+    chain.links().into_iter().find_map(|link| {
+        single_use(graph, users, link).err().map(|why| {
+            if link.node == chain.conv {
+                why
             } else {
                 format!(
-                    "{} %{} between them: ",
+                    "{} %{} between them: {why}",
                     graph.node(link.node).op.name(),
                     link.node.0
                 )
-            };
-            return Some(Err(format!(
-                "depthwise %{} stays a kernel of its own before pointwise %{}: {at}{why}",
-                v.node.0, pointwise.0,
-            )));
-        }
+            }
+        })
+    })
+}
+
+/// The convolutions a pointwise convolution absorbs as the end of a depthwise-separable block:
+/// the depthwise chain before it, and, before that, a 1×1 expand chain (MobileNetV2's inverted
+/// residual) where there is one; or why the depthwise chain cannot be absorbed.
+fn separable_chain(
+    graph: &Graph,
+    users: &BTreeMap<Value, Vec<NodeId>>,
+    pointwise: NodeId,
+) -> Option<Result<(Chain, Option<Chain>), String>> {
+    if !is_pointwise(graph, pointwise) {
+        return None;
     }
-    Some(Ok((v.node, bias, activation)))
+    let depthwise = chain_back(graph, graph.node(pointwise).operands[0], &|n| {
+        is_depthwise(graph, n)
+    })?;
+    if let Some(why) = chain_refused(graph, users, &depthwise) {
+        return Some(Err(format!(
+            "depthwise %{} stays a kernel of its own before pointwise %{}: {why}",
+            depthwise.conv.0, pointwise.0
+        )));
+    }
+    let layout = |n: NodeId| match &graph.node(n).op {
+        Op::Conv2d(attrs) => Some(attrs.layout),
+        _ => None,
+    };
+    let expand = chain_back(graph, graph.node(depthwise.conv).operands[0], &|n| {
+        is_pointwise(graph, n) && layout(n) == layout(depthwise.conv)
+    })
+    .filter(|e| chain_refused(graph, users, e).is_none());
+    Some(Ok((depthwise, expand)))
 }
 
 /// Whether `id` is a permute swapping the last two axes (a matrix transpose, batch axes kept).
@@ -416,11 +486,13 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
     // not made groups of their own.
     let chains: BTreeMap<NodeId, _> = graph
         .node_ids()
-        .filter_map(|id| Some((id, depthwise_chain(graph, &users, id)?)))
+        .filter_map(|id| Some((id, separable_chain(graph, &users, id)?)))
         .collect();
     let absorbed: Vec<NodeId> = chains
         .values()
-        .filter_map(|c| c.as_ref().ok().map(|(d, _, _)| *d))
+        .filter_map(|c| c.as_ref().ok())
+        .flat_map(|(d, e)| [Some(d.conv), e.map(|e| e.conv)])
+        .flatten()
         .collect();
     for id in graph.node_ids() {
         if !matches!(graph.node(id).op, Op::Conv2d(_) | Op::MatMul)
@@ -434,6 +506,7 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             depthwise_bias_add: None,
             depthwise_bias: None,
             depthwise_activation: None,
+            expand: None,
             transposed: [None, None],
             anchor: id,
             bias_add: None,
@@ -457,11 +530,12 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             }
         }
         match chains.get(&id) {
-            Some(Ok((d, bias, activation))) => {
-                group.depthwise = Some(*d);
-                group.depthwise_bias_add = bias.map(|(add, _)| add);
-                group.depthwise_bias = bias.map(|(_, b)| b);
-                group.depthwise_activation = *activation;
+            Some(Ok((d, expand))) => {
+                group.depthwise = Some(d.conv);
+                group.depthwise_bias_add = d.bias.map(|(add, _)| add);
+                group.depthwise_bias = d.bias.map(|(_, b)| b);
+                group.depthwise_activation = d.activation;
+                group.expand = *expand;
             }
             Some(Err(why)) => notes.push(why.clone()),
             None => {}

@@ -8,4 +8,6 @@ pub mod text;
 pub use ir::{Access, Arg, IndexOp, Inst, InstId, InstKind, Kernel, Level};
 pub use kfuse_fusion::{Activation, Bounds};
 pub use lower::{lower, LowerError};
-pub use program::{Anchor, BufId, Buffer, BufferKind, Depthwise, Program, Step, StructuredCall};
+pub use program::{
+    Anchor, BufId, Buffer, BufferKind, Depthwise, Expand, Program, Step, StructuredCall,
+};

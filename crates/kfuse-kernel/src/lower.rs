@@ -13,7 +13,9 @@ use kfuse_ir::{
 };
 
 use crate::ir::{Access, Arg, IndexOp, Inst, InstId, InstKind, Kernel};
-use crate::program::{Anchor, BufId, Buffer, BufferKind, Depthwise, Program, Step, StructuredCall};
+use crate::program::{
+    Anchor, BufId, Buffer, BufferKind, Depthwise, Expand, Program, Step, StructuredCall,
+};
 use crate::Activation;
 
 /// Why lowering failed. Lowering only fails on partitions that violate their own invariants, so
@@ -80,7 +82,24 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                 let anchor = match &graph.node(group.anchor).op {
                     Op::Conv2d(conv) => {
                         let depthwise = group.depthwise.map(|d| {
-                            inputs.push(operand(d, 0));
+                            let expand = group.expand.map(|e| {
+                                inputs.push(operand(e.conv, 0));
+                                inputs.push(operand(e.conv, 1));
+                                if let Some((_, bias)) = e.bias {
+                                    inputs.push(buf_of[&bias]);
+                                }
+                                Box::new(Expand {
+                                    attrs: conv_attrs(e.conv),
+                                    ty: graph.node(e.conv).types[0].clone(),
+                                    bias: e.bias.is_some(),
+                                    activation: e
+                                        .activation
+                                        .and_then(|a| Activation::of_node(graph, a)),
+                                })
+                            });
+                            if expand.is_none() {
+                                inputs.push(operand(d, 0));
+                            }
                             inputs.push(operand(d, 1));
                             if let Some(bias) = group.depthwise_bias {
                                 inputs.push(buf_of[&bias]);
@@ -92,6 +111,7 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                                 activation: group
                                     .depthwise_activation
                                     .and_then(|a| Activation::of_node(graph, a)),
+                                expand,
                             }
                         });
                         if depthwise.is_none() {

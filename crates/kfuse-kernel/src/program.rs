@@ -40,7 +40,8 @@ pub enum Step {
     },
     /// A convolution or matmul with the neighbours it absorbed (`kfuse_fusion::StructuredGroup`),
     /// run by one library routine. `inputs` are, for a convolution, the activations, the
-    /// depthwise weights and bias (if any) and the weights; for a matmul its two operands (the
+    /// expand weights and bias (if any), the depthwise weights and bias (if any) and the
+    /// weights; for a matmul its two operands (the
     /// untransposed sources where a transpose was folded); then the bias (if any). `outputs` is
     /// the group's one result.
     Structured {
@@ -76,6 +77,20 @@ pub struct Depthwise {
     pub bias: bool,
     /// Then this activation, before the result feeds the convolution.
     pub activation: Option<Activation>,
+    /// A 1×1 expand convolution before it, whose result it alone reads (MobileNetV2's
+    /// inverted residual): computed band by band with the depthwise half, never stored.
+    pub expand: Option<Box<Expand>>,
+}
+
+/// The expansion of an inverted-residual structured step: a 1×1 convolution of the step's
+/// activations, with its own per-channel bias (the input after its weights) and activation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Expand {
+    pub attrs: Conv2dAttrs,
+    /// Its result's type.
+    pub ty: TensorType,
+    pub bias: bool,
+    pub activation: Option<Activation>,
 }
 
 /// What a structured step computes.
@@ -97,6 +112,15 @@ impl StructuredCall {
         match &self.anchor {
             Anchor::Conv { depthwise, .. } => {
                 if let Some(d) = depthwise {
+                    if let Some(e) = &d.expand {
+                        parts.push("conv2d.expand");
+                        if e.bias {
+                            parts.push("add");
+                        }
+                        if let Some(a) = e.activation {
+                            parts.push(a.name());
+                        }
+                    }
                     parts.push("conv2d.depthwise");
                     if d.bias {
                         parts.push("add");

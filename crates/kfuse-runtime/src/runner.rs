@@ -508,6 +508,17 @@ fn reference_structured<'a>(
         Anchor::Conv { depthwise, conv } => {
             let mut x = array(next.next().expect("activations"));
             if let Some(d) = depthwise {
+                if let Some(e) = &d.expand {
+                    let w = array(next.next().expect("expand weights"));
+                    x = eval(Op::Conv2d(e.attrs.clone()), &e.ty, &[&x, &w])?;
+                    if e.bias {
+                        let bias = array(next.next().expect("expand bias"));
+                        x = eval(Op::Binary(BinaryOp::Add), &e.ty, &[&x, &bias])?;
+                    }
+                    if let Some(activation) = e.activation {
+                        x = reference_activation(activation, &e.ty, &x)?;
+                    }
+                }
                 let w = array(next.next().expect("depthwise weights"));
                 x = eval(Op::Conv2d(d.attrs.clone()), &d.ty, &[&x, &w])?;
                 if d.bias {
@@ -600,22 +611,51 @@ fn fast_structured<'a>(
         Anchor::Conv {
             depthwise: Some(d), ..
         } => {
+            // Inputs: activations, (expand weights, bias,) depthwise weights, bias, weights.
+            let mut at = 1;
+            let mut take = |present: bool| {
+                let i = at;
+                at += usize::from(present);
+                present.then(|| operand(i))
+            };
+            let expand = d.expand.as_ref().map(|e| {
+                let w = take(true).expect("expand weights");
+                let epilogue = kfuse_cpu::dense::Epilogue {
+                    bias: take(e.bias).map(|b| b.storage),
+                    residual: None,
+                    activation: e.activation,
+                };
+                (e, w, epilogue)
+            });
+            let wd = take(true).expect("depthwise weights");
             let middle = kfuse_cpu::dense::Epilogue {
-                bias: d.bias.then(|| operand(2).storage),
+                bias: take(d.bias).map(|b| b.storage),
                 residual: None,
                 activation: d.activation,
             };
-            kfuse_cpu::conv::separable(
-                operand(0),
-                operand(1),
-                &d.attrs,
-                d.ty.shape.dims(),
-                &middle,
-                operand(2 + usize::from(d.bias)),
-                out_dims,
-                out,
-                &epilogue,
-            )
+            let wp = take(true).expect("pointwise weights");
+            match expand {
+                Some((e, we, expand_epilogue)) => kfuse_cpu::conv::inverted_residual(
+                    operand(0),
+                    (we, &e.attrs, e.ty.shape.dims(), &expand_epilogue),
+                    (wd, &d.attrs, d.ty.shape.dims(), &middle),
+                    wp,
+                    out_dims,
+                    out,
+                    &epilogue,
+                ),
+                None => kfuse_cpu::conv::separable(
+                    operand(0),
+                    wd,
+                    &d.attrs,
+                    d.ty.shape.dims(),
+                    &middle,
+                    wp,
+                    out_dims,
+                    out,
+                    &epilogue,
+                ),
+            }
         }
         Anchor::Conv {
             depthwise: None,

@@ -354,6 +354,62 @@ fn mobilenet_block(
     (text, c * (9 + 2) + 3)
 }
 
+/// MobileNetV2's inverted residual (batchnorms folded): 1×1 expansion of `c` channels to
+/// `6c` → bias → `act` → depthwise 3×3 at `stride` → bias → `act` → 1×1 projection to `c` →
+/// bias → the skip connection (stride 1 only), in `layout` and `dtype`.
+fn inverted_residual(
+    layout: &str,
+    dtype: &str,
+    x: &str,
+    stride: usize,
+    act: &str,
+) -> (String, usize) {
+    let (c, e) = (4, 24);
+    let per = |n: usize| {
+        if layout == "nchw" {
+            format!("[{n}, 1, 1]")
+        } else {
+            format!("[{n}]")
+        }
+    };
+    let mut text = format!(
+        "%x = input() name=\"x\" : {dtype}{x}\n\
+         %we = input() name=\"we\" : {dtype}[{e}, {c}, 1, 1]\n\
+         %be = input() name=\"be\" : {dtype}{}\n\
+         %wd = input() name=\"wd\" : {dtype}[{e}, 1, 3, 3]\n\
+         %bd = input() name=\"bd\" : {dtype}{}\n\
+         %wp = input() name=\"wp\" : {dtype}[{c}, {e}, 1, 1]\n\
+         %bp = input() name=\"bp\" : {dtype}{}\n\
+         %lo = constant() value=[0.0] : {dtype}[]\n%hi = constant() value=[6.0] : {dtype}[]\n\
+         %x1 = conv2d(%x, %we) layout={layout} stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n\
+         %x2 = add(%x1, %be)\n",
+        per(e),
+        per(e),
+        per(c)
+    );
+    let apply = |v: &str, out: &str| match act {
+        "relu6" => format!("%{out} = clamp({v}, %lo, %hi)\n"),
+        "" => format!("%{out} = add({v}, %lo)\n"),
+        a => format!("%{out} = {a}({v})\n"),
+    };
+    text += &apply("%x2", "x3");
+    text += &format!(
+        "%d1 = conv2d(%x3, %wd) layout={layout} stride=[{stride}, {stride}] padding=[1, 1, 1, 1] dilation=[1, 1] groups={e}\n\
+         %d2 = add(%d1, %bd)\n"
+    );
+    text += &apply("%d2", "d3");
+    text += &format!(
+        "%p1 = conv2d(%d3, %wp) layout={layout} stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n\
+         %p2 = add(%p1, %bp)\n"
+    );
+    if stride == 1 {
+        text += "%y = add(%p2, %x)\noutput \"y\" = %y\n";
+    } else {
+        text += "output \"y\" = %p2\n";
+    }
+    (text, e * (c + 1) * 11 + 3)
+}
+
 /// A program text with its inputs, and the sum length bounding each output's rounding.
 fn structured_programs() -> Vec<(String, usize)> {
     let dsc = |layout: &str, x: &str, stride: &str, bias: &str, relu: bool| {
@@ -428,6 +484,13 @@ fn structured_programs() -> Vec<(String, usize)> {
         mobilenet_block("nhwc", "f32", "[1, 7, 5, 8]", false, "tanh"),
         mobilenet_block("nchw", "f64", "[1, 8, 9, 13]", true, "relu"),
         mobilenet_block("nchw", "f32", "[1, 8, 11, 21]", true, "relu6"),
+        // Inverted residuals: the expansion joins too (fused band by band in f32 NCHW; the
+        // expansion computed whole, then the separable block, elsewhere).
+        inverted_residual("nchw", "f32", "[2, 4, 13, 37]", 1, "relu6"),
+        inverted_residual("nchw", "f32", "[1, 4, 17, 20]", 2, "relu"),
+        inverted_residual("nchw", "f32", "[1, 4, 1, 5]", 1, "sigmoid"),
+        inverted_residual("nhwc", "f32", "[1, 9, 11, 4]", 1, "relu6"),
+        inverted_residual("nchw", "f64", "[1, 4, 7, 9]", 2, "relu6"),
         mobilenet_block("nhwc", "f32", "[1, 6, 9, 8]", true, "relu6"),
         mobilenet_block("nchw", "f64", "[1, 8, 5, 9]", false, "relu6"),
         // Clamp epilogues with other bounds: after a direct f32 convolution (a pass after the

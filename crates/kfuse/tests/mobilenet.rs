@@ -1,8 +1,8 @@
 //! A MobileNetV2 block as an exporter writes it, batchnorms and ReLU6 spelled out, becomes one
 //! structured kernel in fast numerics: each batchnorm folds into the weights before it and a
-//! bias, and the depthwise convolution, its bias, its ReLU6, the pointwise convolution, its
-//! bias and the skip connection run together. The result stays within rounding of the
-//! reference interpreter running the graph as written.
+//! bias, and the (expansion, its bias and ReLU6,) depthwise convolution, its bias, its ReLU6,
+//! the pointwise convolution, its bias and the skip connection run together. The result stays
+//! within rounding of the reference interpreter running the graph as written.
 
 use kfuse::kernel::Step;
 use kfuse::{Array, CustomOps, FixedCostModel, Options};
@@ -29,30 +29,34 @@ impl Lcg {
     }
 }
 
-/// `x → depthwise 3×3 → batchnorm → ReLU6 → pointwise → batchnorm → + x`, in `layout`.
-fn block(layout: &str, seed: u64) -> String {
+/// `x → [1×1 expansion to `expand` channels → batchnorm → ReLU6 →] depthwise 3×3 → batchnorm →
+/// ReLU6 → pointwise → batchnorm → + x`, in `layout`.
+fn block(layout: &str, seed: u64, expand: Option<usize>) -> String {
     let mut rng = Lcg(seed);
-    let c = 16;
-    let (x, per_channel) = if layout == "nchw" {
-        ("[2, 16, 14, 11]", vec![c, 1, 1])
+    let c_in = 16;
+    let c = expand.unwrap_or(c_in);
+    let (x, per_channel, per_out) = if layout == "nchw" {
+        ("[2, 16, 14, 11]", vec![c, 1, 1], vec![c_in, 1, 1])
     } else {
-        ("[2, 14, 11, 16]", vec![c])
+        ("[2, 14, 11, 16]", vec![c], vec![c_in])
     };
     let mut text = format!("%x = input() name=\"x\" : f32{x}\n");
     for (name, dims, lo, hi) in [
+        ("we", vec![c, c_in, 1, 1], -0.3, 0.3),
         ("wd", vec![c, 1, 3, 3], -0.5, 0.5),
-        ("wp", vec![c, c, 1, 1], -0.3, 0.3),
+        ("wp", vec![c_in, c, 1, 1], -0.3, 0.3),
     ] {
         text += &format!("%{name} = {}\n", rng.constant(&dims, lo, hi));
     }
-    for half in ["d", "p"] {
+    for half in ["e", "d", "p"] {
+        let dims = if half == "p" { &per_out } else { &per_channel };
         for (name, lo, hi) in [
             ("mean", -0.2, 0.2),
             ("var", 0.5, 1.5),
             ("gamma", 0.8, 1.2),
             ("beta", -0.1, 0.1),
         ] {
-            text += &format!("%{name}_{half} = {}\n", rng.constant(&per_channel, lo, hi));
+            text += &format!("%{name}_{half} = {}\n", rng.constant(dims, lo, hi));
         }
     }
     let batchnorm = |half: &str, input: &str| {
@@ -64,8 +68,17 @@ fn block(layout: &str, seed: u64) -> String {
     };
     text += "%eps = constant() value=[1e-5] : f32[]\n\
              %lo = constant() value=[0.0] : f32[]\n%hi = constant() value=[6.0] : f32[]\n";
+    let mut input = "%x";
+    if expand.is_some() {
+        text += &format!(
+            "%e = conv2d(%x, %we) layout={layout} stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n"
+        );
+        text += &batchnorm("e", "%e");
+        text += "%r6e = clamp(%bn_e, %lo, %hi)\n";
+        input = "%r6e";
+    }
     text += &format!(
-        "%d = conv2d(%x, %wd) layout={layout} stride=[1, 1] padding=[1, 1, 1, 1] dilation=[1, 1] groups={c}\n"
+        "%d = conv2d({input}, %wd) layout={layout} stride=[1, 1] padding=[1, 1, 1, 1] dilation=[1, 1] groups={c}\n"
     );
     text += &batchnorm("d", "%d");
     text += "%r6 = clamp(%bn_d, %lo, %hi)\n";
@@ -79,8 +92,17 @@ fn block(layout: &str, seed: u64) -> String {
 
 #[test]
 fn a_mobilenet_v2_block_is_one_kernel_within_rounding_of_the_reference() {
-    for (k, layout) in ["nchw", "nhwc"].into_iter().enumerate() {
-        let graph = kfuse::parse(&block(layout, 7 + k as u64)).unwrap();
+    let plain = "conv2d.depthwise+add+clamp+conv2d+add+add";
+    let inverted = "conv2d.expand+add+clamp+conv2d.depthwise+add+clamp+conv2d+add+add";
+    // The last two: the inverted residual with its expansion (six times the channels).
+    let cases = [
+        ("nchw", None, plain),
+        ("nhwc", None, plain),
+        ("nchw", Some(96), inverted),
+        ("nhwc", Some(96), inverted),
+    ];
+    for (k, (layout, expand, name)) in cases.into_iter().enumerate() {
+        let graph = kfuse::parse(&block(layout, 7 + k as u64, expand)).unwrap();
         let options = Options::default();
         let exe = kfuse::compile(&graph, &options, &FixedCostModel::default()).unwrap();
         let folds = exe
@@ -89,8 +111,9 @@ fn a_mobilenet_v2_block_is_one_kernel_within_rounding_of_the_reference() {
             .filter(|p| p.contains("fold-affine"))
             .count();
         assert_eq!(
-            folds, 2,
-            "{layout}: both batchnorms fold\n{:#?}",
+            folds,
+            2 + usize::from(expand.is_some()),
+            "{layout}: every batchnorm folds\n{:#?}",
             exe.passes
         );
         assert_eq!(
@@ -105,11 +128,7 @@ fn a_mobilenet_v2_block_is_one_kernel_within_rounding_of_the_reference() {
                 exe.program.steps[0]
             );
         };
-        assert_eq!(
-            call.name(),
-            "conv2d.depthwise+add+clamp+conv2d+add+add",
-            "{layout}"
-        );
+        assert_eq!(call.name(), name, "{layout}");
 
         let shape = graph.ty(graph.outputs()[0].value).shape.clone();
         let mut rng = Lcg(99 + k as u64);

@@ -598,7 +598,147 @@ fn separable_stored(
     post: Post<f32>,
     stream: bool,
 ) {
-    let [n_images, c, oh, ow] = g.y;
+    let fill =
+        |n: usize, band: std::ops::Range<usize>, tile: &mut [f32], plane: usize, _: &mut [f32]| {
+            // SAFETY: the tile holds the c planes of `plane` elements, and is this task's. The
+            // depthwise half's own bias and activation are applied as its rows are computed.
+            unsafe {
+                super::depthwise::band(g, xs, wd, n, band, Out(tile.as_mut_ptr()), plane, middle)
+            };
+        };
+    let row_bytes = g.y[1] * g.y[3] * std::mem::size_of::<f32>();
+    pointwise_bands(g.y, wp, c_out, y, post, stream, row_bytes, &|_| 0, &fill);
+}
+
+/// MobileNetV2's inverted residual for f32 NCHW on AVX-512: a 1×1 expansion (`ge`, weights
+/// `we`, its own bias and activation `expand`), the depthwise convolution `gd` of its result
+/// (`wd`, `middle`), and the pointwise projection `wp`, per band of output rows. Each band
+/// copies the input rows its depthwise rows read (the band's rows and the filter's halo) into
+/// a tile, expands them into a second tile with the microkernel, runs the depthwise kernel on
+/// that tile and the projection on the result: the expanded tensor, several times the input,
+/// is never stored, at the cost of recomputing the halo rows' expansion.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn inverted_residual(
+    ge: &Geometry,
+    xs: &[f32],
+    we: &[f32],
+    expand: Post<f32>,
+    gd: &Geometry,
+    wd: &[f32],
+    middle: Post<f32>,
+    wp: &[f32],
+    c_out: usize,
+    y: &mut [f32],
+    post: Post<f32>,
+) {
+    let [_, c_in, in_h, w] = ge.x;
+    let c_exp = ge.y[1];
+    let [sh, _] = gd.stride;
+    let (pt, reach_rows) = (gd.pad[0], (gd.kh - 1) * gd.dilation[0] + 1);
+    let packed = pack(we, 1, c_exp, c_in);
+    let (expand_in_registers, expand_rest) = split(expand);
+    // The input rows depthwise output rows `band` read, inside the image.
+    let input_rows = |band: &std::ops::Range<usize>| {
+        let first = (band.start * sh) as isize - pt as isize;
+        let reach = ((band.end - 1) * sh) as isize - pt as isize + reach_rows as isize;
+        let lo = first.clamp(0, in_h as isize) as usize;
+        (lo, (reach.clamp(0, in_h as isize) as usize).max(lo))
+    };
+    // Per band: the input rows' copy (whole blocks of positions) and their expansion.
+    let extra = |band: &std::ops::Range<usize>| {
+        let (lo, hi) = input_rows(band);
+        let p = (hi - lo) * w;
+        c_in * p.div_ceil(QB) * QB + c_exp * p
+    };
+    let fill = |n: usize,
+                band: std::ops::Range<usize>,
+                tile: &mut [f32],
+                plane: usize,
+                scratch: &mut [f32]| {
+        let (lo, hi) = input_rows(&band);
+        let p = (hi - lo) * w;
+        let q = p.div_ceil(QB) * QB;
+        let (copy, expanded) = scratch.split_at_mut(c_in * q);
+        for ch in 0..c_in {
+            let src = &xs[ge.x_offset(n, ch, lo, 0)..][..p];
+            copy[ch * q..][..p].copy_from_slice(src);
+            copy[ch * q + p..(ch + 1) * q].fill(0.0);
+        }
+        let expanded = &mut expanded[..c_exp * p];
+        if p > 0 {
+            let dst = Dst {
+                ptr: expanded.as_mut_ptr(),
+                stride: p,
+                channels: c_exp,
+                valid: p,
+            };
+            // SAFETY: `expanded` holds c_exp planes of p, and is this task's.
+            unsafe {
+                compute(
+                    copy,
+                    q,
+                    &[0],
+                    &packed,
+                    dst,
+                    expand_in_registers.bias,
+                    expand_in_registers.act == Some(Activation::Relu),
+                    false,
+                )
+            };
+            if !expand_rest.is_empty() {
+                // An activation other than ReLU (no bias or residual is left for this pass).
+                epilogue(expanded, expand_rest.channel(0, 0, c_exp * p));
+            }
+        }
+        // The depthwise convolution of the expanded rows: output row r0 + rr of the band reads
+        // expanded row `rr * sh + i - top` of the tile, rows outside it being padding.
+        let top = pt + lo - band.start * sh;
+        let local = Geometry {
+            x: [1, c_exp, hi - lo, w],
+            y: [1, c_exp, band.len(), gd.y[3]],
+            pad: [top, gd.pad[1]],
+            ..*gd
+        };
+        // SAFETY: the tile holds the c_exp planes of `plane` elements, and is this task's.
+        unsafe {
+            super::depthwise::band(
+                &local,
+                expanded,
+                wd,
+                0,
+                0..band.len(),
+                Out(tile.as_mut_ptr()),
+                plane,
+                middle,
+            )
+        };
+    };
+    let row_bytes = (c_exp * (gd.y[3] + sh * w) + c_in * sh * w) * std::mem::size_of::<f32>();
+    let stream = std::mem::size_of_val(y) >= crate::c::STREAM_MIN_BYTES;
+    pointwise_bands(gd.y, wp, c_out, y, post, stream, row_bytes, &extra, &fill);
+}
+
+/// A band's depthwise output written into a tile: `fill(n, rows, tile, plane, scratch)` writes
+/// channel `ch`'s rows at `tile[ch * plane..]` (`rows.len() * ow` elements), given `scratch` of
+/// `extra(rows)` elements of its own.
+type Fill<'a> = dyn Fn(usize, std::ops::Range<usize>, &mut [f32], usize, &mut [f32]) + Sync + 'a;
+
+/// The pointwise product by `wp` (`c_out × c`) of the `c` planes of `[n, c, oh, ow]` that
+/// `fill` writes for each band of rows, into `y` (`[n, c_out, oh, ow]`) with the epilogue;
+/// stored non-temporally where `stream` (and no part of the epilogue is left to run over the
+/// stored rows). Bands are sized for `row_bytes` of tiles per row.
+#[allow(clippy::too_many_arguments)]
+fn pointwise_bands(
+    [n_images, c, oh, ow]: [usize; 4],
+    wp: &[f32],
+    c_out: usize,
+    y: &mut [f32],
+    post: Post<f32>,
+    stream: bool,
+    row_bytes: usize,
+    extra: &(dyn Fn(&std::ops::Range<usize>) -> usize + Sync),
+    fill: &Fill,
+) {
     let (in_registers, rest) = split(post);
     let packed = pack(wp, 1, c_out, c);
     let stream = stream && rest.is_empty();
@@ -607,24 +747,12 @@ fn separable_stored(
         let (r0, rows) = (band.start, band.len());
         let p = rows * ow;
         let q_blocks = p.div_ceil(QB) * QB;
-        with_scratch(c * q_blocks, |tile: &mut [f32]| {
+        with_scratch(c * q_blocks + extra(&band), |scratch: &mut [f32]| {
+            let (tile, rest_of_scratch) = scratch.split_at_mut(c * q_blocks);
             for ch in 0..c {
                 tile[ch * q_blocks + p..(ch + 1) * q_blocks].fill(0.0);
             }
-            // SAFETY: the tile holds c planes of q_blocks >= p elements, and is this task's.
-            // The depthwise half's own bias and activation are applied as its rows are computed.
-            unsafe {
-                super::depthwise::band(
-                    g,
-                    xs,
-                    wd,
-                    n,
-                    band.clone(),
-                    Out(tile.as_mut_ptr()),
-                    q_blocks,
-                    middle,
-                )
-            };
+            fill(n, band.clone(), tile, q_blocks, rest_of_scratch);
             // Rows r0.. of every output channel of image n: p contiguous positions each.
             let dst = Dst {
                 ptr: out.ptr().wrapping_add((n * c_out * oh + r0) * ow),
@@ -663,7 +791,7 @@ fn separable_stored(
             }
         })
     };
-    for_each_band(n_images, oh, c * ow * std::mem::size_of::<f32>(), &job);
+    for_each_band(n_images, oh, row_bytes, &job);
 }
 
 #[cfg(test)]
