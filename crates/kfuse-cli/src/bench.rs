@@ -714,6 +714,30 @@ fn gemm_epilogues(
     Ok(json!(rows))
 }
 
+/// `program` (weights `frozen`) fused by the cost model and unfused, timed in alternation:
+/// printed as `id (what): fused .. ms, unfused .. ms (..x)` and returned as a JSON row.
+fn fused_against_unfused(
+    id: &str,
+    what: &str,
+    program: &str,
+    frozen: &[(String, Array)],
+    (cache, runs, as_json): (&std::path::Path, usize, bool),
+) -> Result<serde_json::Value> {
+    let cases = [
+        prepare(program, frozen, kfuse::FusePolicy::Cost, cache)?,
+        prepare(program, frozen, kfuse::FusePolicy::None, cache)?,
+    ];
+    let ms = interleaved_ms(&cases, runs)?;
+    let (fused, unfused) = (ms[0], ms[1]);
+    if !as_json {
+        println!(
+            "{id} ({what}): fused {fused:.2} ms, unfused {unfused:.2} ms ({:.2}x)",
+            unfused / fused
+        );
+    }
+    Ok(json!({"id": id, "ms": fused, "unfused_ms": unfused, "speedup": unfused / fused}))
+}
+
 /// W6a (depthwise-separable block, fused and unfused), W6b (the standard 3x3 convolution of the
 /// same shape) and W7 (conv + batchnorm + ReLU against the bare convolution), NCHW f32.
 fn conv_workloads(
@@ -789,19 +813,13 @@ fn conv_workloads(
             ("wp".to_string(), randn(&[128, 64, 1, 1], 0.1)?),
             ("b".to_string(), randn(&[128, 1, 1], 0.1)?),
         ];
-        let cases = [
-            prepare(&block, &frozen, kfuse::FusePolicy::Cost, cache)?,
-            prepare(&block, &frozen, kfuse::FusePolicy::None, cache)?,
-        ];
-        let ms = interleaved_ms(&cases, runs)?;
-        let (fused, unfused) = (ms[0], ms[1]);
-        if !as_json {
-            println!(
-                "mobilenet (W6a with bias + ReLU after each half): fused {fused:.2} ms, unfused {unfused:.2} ms ({:.2}x)",
-                unfused / fused
-            );
-        }
-        rows.push(json!({"id": "mobilenet", "ms": fused, "unfused_ms": unfused, "speedup": unfused / fused}));
+        rows.push(fused_against_unfused(
+            "mobilenet",
+            "W6a with bias + ReLU after each half",
+            &block,
+            &frozen,
+            (cache, runs, as_json),
+        )?);
     }
     if wanted("inverted") {
         // A MobileNetV2 inverted residual at 56×56: 24 channels expanded to 144, depthwise,
@@ -833,19 +851,13 @@ fn conv_workloads(
             ("wp".to_string(), randn(&[c, e, 1, 1], 0.1)?),
             ("bp".to_string(), randn(&[c, 1, 1], 0.1)?),
         ];
-        let cases = [
-            prepare(&block, &frozen, kfuse::FusePolicy::Cost, cache)?,
-            prepare(&block, &frozen, kfuse::FusePolicy::None, cache)?,
-        ];
-        let ms = interleaved_ms(&cases, runs)?;
-        let (fused, unfused) = (ms[0], ms[1]);
-        if !as_json {
-            println!(
-                "inverted (MobileNetV2 block, {n}x{c}x{hw}x{hw}, expansion 6): fused {fused:.2} ms, unfused {unfused:.2} ms ({:.2}x)",
-                unfused / fused
-            );
-        }
-        rows.push(json!({"id": "inverted", "ms": fused, "unfused_ms": unfused, "speedup": unfused / fused}));
+        rows.push(fused_against_unfused(
+            "inverted",
+            &format!("MobileNetV2 block, {n}x{c}x{hw}x{hw}, expansion 6"),
+            &block,
+            &frozen,
+            (cache, runs, as_json),
+        )?);
     }
     if wanted("W7") {
         let c = 64;

@@ -313,36 +313,35 @@ fn structured_head(graph: &Graph, group: &kfuse::fusion::StructuredGroup) -> Str
         }
     }
     if let Some(d) = group.depthwise {
-        let mut own = Vec::new();
-        if let Some(a) = group.depthwise_bias_add {
-            own.push(format!("per-channel bias add %{}", a.0));
-        }
-        if let Some(a) = group.depthwise_activation {
-            own.push(format!("{} %{}", activation_name(graph, a), a.0));
-        }
-        let own = if own.is_empty() {
-            String::new()
-        } else {
-            format!(", its {} applied to each tile in cache", own.join(" + "))
-        };
-        if let Some(e) = group.expand {
+        // A convolution's own bias and activation, absorbed with it.
+        let own = |bias: Option<kfuse::NodeId>, activation: Option<kfuse::NodeId>| {
             let mut own = Vec::new();
-            if let Some((a, _)) = e.bias {
+            if let Some(a) = bias {
                 own.push(format!("per-channel bias add %{}", a.0));
             }
-            if let Some(a) = e.activation {
+            if let Some(a) = activation {
                 own.push(format!("{} %{}", activation_name(graph, a), a.0));
             }
+            own.join(" + ")
+        };
+        if let Some(e) = group.expand {
+            let own = own(e.bias.map(|(add, _)| add), e.activation);
             let own = if own.is_empty() {
                 String::new()
             } else {
-                format!(", its {}", own.join(" + "))
+                format!(", its {own}")
             };
             parts.push(format!(
                 "expansion conv2d %{} computed band by band into cache for the depthwise one{own} (its output is never stored; the filter's halo rows are recomputed)",
                 e.conv.0
             ));
         }
+        let own = own(group.depthwise_bias_add, group.depthwise_activation);
+        let own = if own.is_empty() {
+            String::new()
+        } else {
+            format!(", its {own} applied to each tile in cache")
+        };
         parts.push(format!(
             "depthwise conv2d %{} computed tile by tile into cache{own} and consumed there (its output is never stored)",
             d.0

@@ -198,35 +198,23 @@ impl StructuredGroup {
             }
         }
         if let Some(d) = self.depthwise {
-            let own: Vec<String> = self
-                .depthwise_bias_add
-                .into_iter()
-                .chain(self.depthwise_activation)
-                .map(name)
-                .collect();
-            let own = if own.is_empty() {
-                String::new()
-            } else {
-                format!(" ({} applied to it in cache)", own.join(" + "))
-            };
-            if let Some(e) = self.expand {
-                let own: Vec<String> = e
-                    .bias
-                    .map(|(add, _)| add)
-                    .into_iter()
-                    .chain(e.activation)
-                    .map(name)
-                    .collect();
-                let own = if own.is_empty() {
+            // A convolution's own bias and activation, absorbed with it.
+            let own = |bias: Option<NodeId>, activation: Option<NodeId>| {
+                let own: Vec<String> = bias.into_iter().chain(activation).map(name).collect();
+                if own.is_empty() {
                     String::new()
                 } else {
                     format!(" ({} applied to it in cache)", own.join(" + "))
-                };
+                }
+            };
+            if let Some(e) = self.expand {
                 parts.push(format!(
-                    "expansion {}{own} computed band by band for the depthwise one, never stored",
-                    name(e.conv)
+                    "expansion {}{} computed band by band for the depthwise one, never stored",
+                    name(e.conv),
+                    own(e.bias.map(|(add, _)| add), e.activation)
                 ));
             }
+            let own = own(self.depthwise_bias_add, self.depthwise_activation);
             parts.push(format!(
                 "depthwise {}{own} consumed tile by tile, never stored",
                 name(d)
