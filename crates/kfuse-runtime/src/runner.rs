@@ -508,26 +508,29 @@ fn reference_structured<'a>(
         Anchor::Conv { depthwise, conv } => {
             let mut x = array(next.next().expect("activations"));
             if let Some(d) = depthwise {
+                // A convolution of the block with its own bias and activation, its weights
+                // (and bias) the next inputs.
+                let mut stage =
+                    |x: Array,
+                     attrs: &kfuse_ir::Conv2dAttrs,
+                     ty: &kfuse_ir::TensorType,
+                     bias: bool,
+                     activation: Option<kfuse_kernel::Activation>| {
+                        let w = array(next.next().expect("convolution weights"));
+                        let mut x = eval(Op::Conv2d(attrs.clone()), ty, &[&x, &w])?;
+                        if bias {
+                            let bias = array(next.next().expect("convolution bias"));
+                            x = eval(Op::Binary(BinaryOp::Add), ty, &[&x, &bias])?;
+                        }
+                        match activation {
+                            Some(activation) => reference_activation(activation, ty, &x),
+                            None => Ok(x),
+                        }
+                    };
                 if let Some(e) = &d.expand {
-                    let w = array(next.next().expect("expand weights"));
-                    x = eval(Op::Conv2d(e.attrs.clone()), &e.ty, &[&x, &w])?;
-                    if e.bias {
-                        let bias = array(next.next().expect("expand bias"));
-                        x = eval(Op::Binary(BinaryOp::Add), &e.ty, &[&x, &bias])?;
-                    }
-                    if let Some(activation) = e.activation {
-                        x = reference_activation(activation, &e.ty, &x)?;
-                    }
+                    x = stage(x, &e.attrs, &e.ty, e.bias, e.activation)?;
                 }
-                let w = array(next.next().expect("depthwise weights"));
-                x = eval(Op::Conv2d(d.attrs.clone()), &d.ty, &[&x, &w])?;
-                if d.bias {
-                    let bias = array(next.next().expect("depthwise bias"));
-                    x = eval(Op::Binary(BinaryOp::Add), &d.ty, &[&x, &bias])?;
-                }
-                if let Some(activation) = d.activation {
-                    x = reference_activation(activation, &d.ty, &x)?;
-                }
+                x = stage(x, &d.attrs, &d.ty, d.bias, d.activation)?;
             }
             let w = array(next.next().expect("weights"));
             eval(Op::Conv2d(conv.clone()), out_ty, &[&x, &w])?
