@@ -1,0 +1,80 @@
+//! The depthwise half of W6a on one image (64 channels of 112×112, 3×3, padding 1, f32 NCHW),
+//! run by `conv::conv2d` directly on one thread, 2000 times: the in-place kernel's time per
+//! 16 outputs with its input and output in cache (3.2 MB each, in L3), without the memory
+//! traffic of the whole batch. Run with `KFUSE_THREADS=1`:
+//!
+//! `KFUSE_THREADS=1 cargo run --release -p kfuse-cpu --example depthwise_cost`
+
+use kfuse_cpu::conv::{conv2d, Epilogue, View};
+use kfuse_ir::{Conv2dAttrs, Layout, Storage};
+use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
+use std::time::Instant;
+
+/// Every allocation aligned to a cache line, as the runtime's allocator aligns large ones: a
+/// buffer 16 bytes off a line would make every vector load of the kernel span two lines.
+struct LineAligned;
+
+// SAFETY: forwards to the system allocator with a stricter alignment, the same on both sides.
+unsafe impl GlobalAlloc for LineAligned {
+    unsafe fn alloc(&self, layout: AllocLayout) -> *mut u8 {
+        // SAFETY: a valid layout, widened to a larger power-of-two alignment.
+        unsafe { System.alloc(layout.align_to(64).unwrap()) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: AllocLayout) {
+        // SAFETY: allocated above with this widened layout.
+        unsafe { System.dealloc(ptr, layout.align_to(64).unwrap()) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: LineAligned = LineAligned;
+
+fn main() {
+    let (c, hw) = (64usize, 112usize);
+    let x = Storage::F32(
+        (0..c * hw * hw)
+            .map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5)
+            .collect(),
+    );
+    let w = Storage::F32(
+        (0..c * 9)
+            .map(|i| ((i * 31) % 17) as f32 * 0.01 - 0.08)
+            .collect(),
+    );
+    let attrs = Conv2dAttrs {
+        layout: Layout::Nchw,
+        stride: [1, 1],
+        padding: [1; 4],
+        dilation: [1, 1],
+        groups: c,
+    };
+    let d = [1, c, hw, hw];
+    let mut y = Storage::F32(vec![0.0; c * hw * hw]);
+    let mut run = || {
+        let x = View {
+            storage: &x,
+            dims: &d,
+        };
+        let w = View {
+            storage: &w,
+            dims: &[c, 1, 3, 3],
+        };
+        conv2d(x, w, &attrs, &d, &mut y, &Epilogue::default()).unwrap();
+    };
+    run();
+    let mut times = vec![];
+    for _ in 0..20 {
+        let t = Instant::now();
+        for _ in 0..100 {
+            run();
+        }
+        times.push(t.elapsed().as_secs_f64() / 100.0);
+    }
+    times.sort_by(f64::total_cmp);
+    let vectors = (c * hw * hw.div_ceil(16)) as f64;
+    println!(
+        "depthwise 64x112x112, 3x3: median {:.1} us per image, {:.2} ns per 16 outputs",
+        times[10] * 1e6,
+        times[10] * 1e9 / vectors
+    );
+}
