@@ -51,6 +51,59 @@ pub(crate) fn tanh_f32_slice(values: &mut [f32]) {
 }
 
 /// Whether the CPU runs the AVX-512 (F and DQ) forms.
+/// An activation the structured kernels apply to their sums in registers, before storing
+/// them, as the IR computes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum InRegisters {
+    /// `x < 0 ? 0 : x` (NaN and -0 pass).
+    Relu,
+    /// `minimum(maximum(x, lo), hi)` (IEEE 754-2019: NaN propagates, `+0` above `-0`), for
+    /// bounds that are not NaN.
+    Clamp { lo: f32, hi: f32 },
+}
+
+impl InRegisters {
+    /// The form in registers of `act` on f32 values, if it has one: ReLU, and clamps whose
+    /// bounds (rounded to f32, as the epilogue rounds them) are not NaN.
+    pub(crate) fn of(act: Option<crate::dense::Activation>) -> Option<InRegisters> {
+        use crate::dense::Activation;
+        match act? {
+            Activation::Relu => Some(InRegisters::Relu),
+            Activation::Clamp(b) => {
+                let (lo, hi) = (b.lo() as f32, b.hi() as f32);
+                (!lo.is_nan() && !hi.is_nan()).then_some(InRegisters::Clamp { lo, hi })
+            }
+            _ => None,
+        }
+    }
+
+    /// The activation of sixteen lanes. Always inlined, with no features of its own: its
+    /// callers are compiled for AVX-512F and DQ.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and AVX-512DQ.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(crate) unsafe fn apply(self, v: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        match self {
+            InRegisters::Relu => {
+                let zero = _mm512_setzero_ps();
+                _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, zero), zero)
+            }
+            InRegisters::Clamp { lo, hi } => {
+                // `vrangeps` orders -0 below +0 (maximum 0x5, minimum 0x4, as `kfuse_math.h`
+                // uses them) but passes over a NaN operand: where `v` is NaN the result is
+                // the default NaN, as in the epilogue's scalar form.
+                let m = _mm512_range_ps::<0x5>(v, _mm512_set1_ps(lo));
+                let r = _mm512_range_ps::<0x4>(m, _mm512_set1_ps(hi));
+                let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+                _mm512_mask_mov_ps(r, nan, _mm512_set1_ps(f32::NAN))
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn avx512() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")
@@ -294,6 +347,67 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The clamp in registers is the epilogue's `clamp` (the IR's), bit for bit, on every
+    /// triple of special values as value and bounds.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn clamp_in_registers_matches_the_epilogue() {
+        use std::arch::x86_64::*;
+        if !avx512() {
+            eprintln!("SKIPPED: the clamp in registers needs AVX-512, which this CPU lacks");
+            return;
+        }
+        let specials = [
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7fa0_0001),
+            -0.0,
+            0.0,
+            1e-40,
+            -1e-40,
+            1.0,
+            -1.0,
+            6.0,
+            5.999_999_5,
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MIN_POSITIVE,
+        ];
+        let mut checked = 0;
+        for &lo in &specials {
+            for &hi in &specials {
+                let Some(act) = InRegisters::of(Some(crate::dense::Activation::Clamp(
+                    kfuse_kernel::Bounds::new(f64::from(lo), f64::from(hi)),
+                ))) else {
+                    assert!(lo.is_nan() || hi.is_nan(), "clamp({lo}, {hi}) kept out");
+                    continue;
+                };
+                let values: [f32; 16] = std::array::from_fn(|i| specials[i]);
+                let mut got = [0.0f32; 16];
+                // SAFETY: the CPU has AVX-512F and DQ (checked above); the arrays hold 16.
+                unsafe {
+                    let v = apply_avx512(act, _mm512_loadu_ps(values.as_ptr()));
+                    _mm512_storeu_ps(got.as_mut_ptr(), v);
+                }
+                for (&v, &g) in values.iter().zip(&got) {
+                    let want = crate::dense::clamp(v, lo, hi);
+                    assert_eq!(g.to_bits(), want.to_bits(), "clamp({v:e}, {lo:e}, {hi:e})");
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 2000);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    fn apply_avx512(act: InRegisters, v: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+        // SAFETY: compiled for the features `apply` needs.
+        unsafe { act.apply(v) }
+    }
 
     /// Every lane's bits against the scalar definition; NaN results agree when both are NaN
     /// (kfuse does not promise NaN payloads).

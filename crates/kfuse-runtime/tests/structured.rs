@@ -493,8 +493,8 @@ fn structured_programs() -> Vec<(String, usize)> {
         inverted_residual("nchw", "f64", "[1, 4, 7, 9]", 2, "relu6"),
         mobilenet_block("nhwc", "f32", "[1, 6, 9, 8]", true, "relu6"),
         mobilenet_block("nchw", "f64", "[1, 8, 5, 9]", false, "relu6"),
-        // Clamp epilogues with other bounds: after a direct f32 convolution (a pass after the
-        // microkernel) and after a matmul.
+        // Clamp epilogues with other bounds: after a direct f32 convolution (applied by the
+        // microkernel, in its registers) and after a matmul.
         (
             "%x = input() name=\"x\" : f32[1, 6, 7, 19]\n\
              %w = input() name=\"w\" : f32[4, 6, 3, 3]\n\

@@ -25,7 +25,7 @@ use crate::dense::{epilogue, has_avx512, Out, Real};
 /// `rows.len() * ow` elements at `dst + ch * channel_stride`; for NHWC, all of them go to `dst`,
 /// `[row][col][channel]`. Then `post`'s per-channel bias and activation (it has no residual),
 /// applied to each channel's rows as soon as they are computed (NCHW; in registers where the
-/// in-place kernel runs and the activation is ReLU), or to the band (NHWC).
+/// in-place kernel runs and the activation is ReLU or a clamp), or to the band (NHWC).
 ///
 /// # Safety
 /// Those elements must lie in one allocation, and no other thread may access them during the
@@ -310,7 +310,8 @@ mod in_place {
     use std::arch::x86_64::*;
 
     use super::{Geometry, Post};
-    use crate::dense::{epilogue, Activation, RowBias, Tail};
+    use crate::dense::{epilogue, RowBias, Tail};
+    use crate::simd::InRegisters;
 
     /// Output rows summed together: their sums are independent FMA chains, and each input
     /// vector loaded feeds every one of them its row reaches.
@@ -428,7 +429,7 @@ mod in_place {
         }
     }
 
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512dq")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn band_k<const KH: usize, const KW: usize, const S: usize>(
         g: &Geometry,
@@ -445,6 +446,7 @@ mod in_place {
         let (pt, pl) = (g.pad[0] as isize, g.pad[1]);
         assert!(xs.len() >= g.x.iter().product() && ws.len() >= c * KH * KW);
         let blocks = split_blocks::<KW, S>(blocks::<KW, S>(g));
+        let act = InRegisters::of(post.act);
         // A zero row as wide as the widest load reaches: every lane a mask keeps lies in it.
         let zeros = vec![0.0f32; in_w];
         for ch in 0..c {
@@ -456,7 +458,7 @@ mod in_place {
             let finish = Finish {
                 bias: _mm512_set1_ps(bias.unwrap_or(0.0)),
                 add: bias.is_some(),
-                relu: post.act == Some(Activation::Relu),
+                act,
             };
             // Input row `h`, shifted so that output column x, tap column j reads element
             // `S * x + j` of it (lanes outside the row are masked off, never read).
@@ -510,8 +512,9 @@ mod in_place {
                 }
                 r += together;
             }
-            // An activation other than ReLU, on the channel's rows while they are in cache.
-            if let Some(act) = post.act.filter(|&a| a != Activation::Relu) {
+            // An activation without a form in registers, on the channel's rows while they are
+            // in cache.
+            if let Some(act) = post.act.filter(|_| act.is_none()) {
                 let len = rows.len() * ow;
                 // SAFETY: the caller vouches for this channel's rows.
                 let rows =
@@ -527,11 +530,11 @@ mod in_place {
     }
 
     /// What a step applies to its sums before storing them: the channel's bias (where `add`),
-    /// then ReLU (`x < 0 ? 0 : x`, so NaN and -0 pass, as in the IR's `relu`).
+    /// then the activation.
     struct Finish {
         bias: __m512,
         add: bool,
-        relu: bool,
+        act: Option<InRegisters>,
     }
 
     /// Asks for every cache line of `data`.
@@ -559,22 +562,29 @@ mod in_place {
         ow: usize,
         finish: &Finish,
     ) {
-        let b = finish.bias;
+        let (b, act) = (finish.bias, finish.act);
         // SAFETY: forwarded from the caller.
         unsafe {
-            match (finish.add, finish.relu) {
+            match (finish.add, act.is_some()) {
                 (false, false) => {
-                    step_as::<KH, KW, S, R, false, false>(input, w, blocks, out, ow, b)
+                    step_as::<KH, KW, S, R, false, false>(input, w, blocks, out, ow, b, act)
                 }
-                (true, false) => step_as::<KH, KW, S, R, true, false>(input, w, blocks, out, ow, b),
-                (false, true) => step_as::<KH, KW, S, R, false, true>(input, w, blocks, out, ow, b),
-                (true, true) => step_as::<KH, KW, S, R, true, true>(input, w, blocks, out, ow, b),
+                (true, false) => {
+                    step_as::<KH, KW, S, R, true, false>(input, w, blocks, out, ow, b, act)
+                }
+                (false, true) => {
+                    step_as::<KH, KW, S, R, false, true>(input, w, blocks, out, ow, b, act)
+                }
+                (true, true) => {
+                    step_as::<KH, KW, S, R, true, true>(input, w, blocks, out, ow, b, act)
+                }
             }
         }
     }
 
-    /// [`step`] with its finish known at compile time: `bias` added where `ADD`, then ReLU
-    /// where `RELU`. The blocks in between run in a loop with nothing in it but the block.
+    /// [`step`] with the shape of its finish known at compile time: `bias` added where `ADD`,
+    /// then `act` where `ACT`. The blocks in between run in a loop with nothing in it but the
+    /// block.
     /// Looking up each block's masks and testing the finish per row, as one loop over all the
     /// blocks did, took 144–146 µs per image of W6a's depthwise half in cache on one thread,
     /// against 120–123 µs (`examples/depthwise_cost.rs`).
@@ -588,7 +598,7 @@ mod in_place {
         const S: usize,
         const R: usize,
         const ADD: bool,
-        const RELU: bool,
+        const ACT: bool,
     >(
         input: &[*const f32; MAX_IN],
         w: &[[__m512; KW]; KH],
@@ -596,14 +606,14 @@ mod in_place {
         out: *mut f32,
         ow: usize,
         bias: __m512,
+        act: Option<InRegisters>,
     ) {
-        let zero = _mm512_setzero_ps();
         let finish = |a: __m512| {
             let a = if ADD { _mm512_add_ps(a, bias) } else { a };
-            if RELU {
-                _mm512_mask_mov_ps(a, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, zero), zero)
-            } else {
-                a
+            match act {
+                // SAFETY: the kernel is compiled for AVX-512F and DQ.
+                Some(act) if ACT => unsafe { act.apply(a) },
+                _ => a,
             }
         };
         for b in &blocks.edges {
@@ -680,8 +690,8 @@ mod in_place {
 /// contiguous, so each output pixel's sums are vectors of 16 channels (the last one masked),
 /// four pixels side by side so that each tap's weight vector, loaded once, feeds four FMA
 /// chains. Taps outside the image are skipped, as the reference skips them, in the same
-/// row-major order as the portable kernel, so the two agree bit for bit. The bias and ReLU
-/// are applied in registers, another activation over the band afterwards.
+/// row-major order as the portable kernel, so the two agree bit for bit. The bias and ReLU or
+/// a clamp are applied in registers, another activation over the band afterwards.
 ///
 /// W6a's input in NHWC, the depthwise convolution alone: 5.3 ms in the portable kernel, 8 ms
 /// in this one without its prefetch (its loads stalled: each block reads its pixels a 16-channel
@@ -692,7 +702,8 @@ mod nhwc_avx512 {
     use std::arch::x86_64::*;
 
     use super::{Geometry, Post};
-    use crate::dense::{epilogue, Activation, RowBias, Tail};
+    use crate::dense::{epilogue, RowBias, Tail};
+    use crate::simd::InRegisters;
 
     /// Output pixels summed together.
     const PIXELS: usize = 4;
@@ -716,7 +727,7 @@ mod nhwc_avx512 {
         unsafe { band_avx512(g, xs, ws, n, rows, dst, post) }
     }
 
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512dq")]
     unsafe fn band_avx512(
         g: &Geometry,
         xs: &[f32],
@@ -742,7 +753,7 @@ mod nhwc_avx512 {
                 wt[t * c + ch] = ws[ch * taps + t];
             }
         }
-        let relu = post.act == Some(Activation::Relu);
+        let act = InRegisters::of(post.act);
         let [_, _, in_h, in_w] = g.x;
         // Per output column and tap column, the input column read, or -1 where it lies in the
         // padding.
@@ -766,7 +777,7 @@ mod nhwc_avx512 {
                 cols: &cols,
                 rows: &taps_in,
                 bias: post.bias,
-                relu,
+                act,
             };
             let mut o0 = 0;
             while o0 < ow {
@@ -782,7 +793,7 @@ mod nhwc_avx512 {
                 }
             }
         }
-        if let Some(act) = post.act.filter(|&a| a != Activation::Relu) {
+        if let Some(act) = post.act.filter(|_| act.is_none()) {
             let tail = Tail {
                 bias: RowBias::None,
                 residual: None,
@@ -805,14 +816,15 @@ mod nhwc_avx512 {
         /// The filter rows inside the image, each with its input row's offset.
         rows: &'a [(usize, usize)],
         bias: Option<&'a [f32]>,
-        relu: bool,
+        /// Applied after the bias.
+        act: Option<InRegisters>,
     }
 
     impl Pass<'_> {
         /// Output pixels `o0..o0 + P` of the row, every channel, into `out` (`[col][channel]`).
         ///
         /// # Safety
-        /// The CPU must have AVX-512F.
+        /// The CPU must have AVX-512F and DQ.
         #[inline(always)]
         unsafe fn pixels<const P: usize>(&self, o0: usize, out: &mut [f32]) {
             let g = self.g;
@@ -871,9 +883,9 @@ mod nhwc_avx512 {
                     if let Some(b) = bias {
                         a = _mm512_add_ps(a, b);
                     }
-                    if self.relu {
-                        let negative = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, zero);
-                        a = _mm512_mask_mov_ps(a, negative, zero);
+                    if let Some(act) = self.act {
+                        // SAFETY: compiled for AVX-512F and DQ.
+                        a = unsafe { act.apply(a) };
                     }
                     let slot = &mut out[(o0 + p) * c + c0..][..lanes];
                     // SAFETY: `slot` holds the lanes the mask keeps.
@@ -890,12 +902,17 @@ mod tests {
     use crate::dense::Activation;
     use kfuse_ir::{Conv2dAttrs, Layout};
 
-    /// The epilogues the kernels are compared under: none, the bias with ReLU (in registers),
-    /// ReLU alone, and the bias with `other` (a pass over the computed rows).
-    fn epilogues(bias: &[f32], other: Activation) -> [Post<'_, f32>; 4] {
+    /// The epilogues the kernels are compared under: none, the bias with ReLU or ReLU6 (in
+    /// registers), ReLU alone, and the bias with `other` (a pass over the computed rows).
+    fn epilogues(bias: &[f32], other: Activation) -> [Post<'_, f32>; 5] {
         let none = Post::none();
         [
             none,
+            Post {
+                bias: Some(bias),
+                act: Some(Activation::Clamp(kfuse_kernel::Bounds::new(0.0, 6.0))),
+                ..none
+            },
             Post {
                 bias: Some(bias),
                 act: Some(Activation::Relu),

@@ -37,7 +37,8 @@ use kfuse_ir::Layout;
 
 use super::shifted::Grid;
 use super::{for_each_band, for_each_band_fitted, Geometry, Post};
-use crate::dense::{epilogue, epilogue_into, has_avx512, with_scratch, Activation, Out};
+use crate::dense::{epilogue, epilogue_into, has_avx512, with_scratch, Out};
+use crate::simd::InRegisters;
 
 /// Output channels per microkernel block.
 const OB: usize = 8;
@@ -95,7 +96,7 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                             &packed[group * per_group..][..per_group],
                             dst,
                             in_registers.bias.map(|b| &b[group * og..][..og]),
-                            in_registers.act == Some(Activation::Relu),
+                            InRegisters::of(in_registers.act),
                             false,
                         )
                     };
@@ -204,7 +205,7 @@ fn conv_same_width(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                 };
                 let w = &packed[group * per_group..][..per_group];
                 let bias = in_registers.bias.map(|b| &b[group * og..][..og]);
-                let relu = in_registers.act == Some(Activation::Relu);
+                let act = InRegisters::of(in_registers.act);
                 for qb in (0..valid).step_by(QB) {
                     let taps = Taps {
                         x: xb.as_ptr().wrapping_add(qb),
@@ -219,7 +220,7 @@ fn conv_same_width(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                                     bias.get(b * OB + o).copied().unwrap_or(0.0)
                                 })
                             }),
-                            relu,
+                            act,
                             stream: false,
                         };
                         let part = Dst {
@@ -335,7 +336,7 @@ unsafe fn compute(
     packed: &[f32],
     dst: Dst,
     bias: Option<&[f32]>,
-    relu: bool,
+    act: Option<InRegisters>,
     stream: bool,
 ) {
     let blocks = dst.channels.div_ceil(OB);
@@ -349,7 +350,7 @@ unsafe fn compute(
                 bias: bias.map(|bias| {
                     std::array::from_fn(|o| bias.get(b * OB + o).copied().unwrap_or(0.0))
                 }),
-                relu,
+                act,
                 stream,
             };
             let part = Dst {
@@ -369,25 +370,25 @@ unsafe fn compute(
 struct Finish {
     /// One value per output channel of the block, added.
     bias: Option<[f32; OB]>,
-    /// Then ReLU (`x < 0 ? 0 : x`, so NaN and -0 pass, as in the IR's `relu`).
-    relu: bool,
+    /// Then this activation.
+    act: Option<InRegisters>,
     /// Whole 64-byte-aligned vectors are stored non-temporally.
     stream: bool,
 }
 
-/// Splits an epilogue into what the microkernel applies in registers (the bias, and ReLU when
-/// nothing comes between) and the rest, applied to the stored rows.
+/// Splits an epilogue into what the microkernel applies in registers (the bias, and ReLU or a
+/// clamp when nothing comes between) and the rest, applied to the stored rows.
 fn split(post: Post<f32>) -> (Post<f32>, Post<f32>) {
-    let relu_in_registers = post.act == Some(Activation::Relu) && post.residual.is_none();
+    let act_in_registers = InRegisters::of(post.act).is_some() && post.residual.is_none();
     let in_registers = Post {
         bias: post.bias,
         residual: None,
-        act: if relu_in_registers { post.act } else { None },
+        act: if act_in_registers { post.act } else { None },
     };
     let rest = Post {
         bias: None,
         residual: post.residual,
-        act: if relu_in_registers { None } else { post.act },
+        act: if act_in_registers { None } else { post.act },
     };
     (in_registers, rest)
 }
@@ -407,11 +408,11 @@ pub(super) struct Dst {
 /// `channels` at most `OB`).
 ///
 /// # Safety
-/// The CPU must have AVX-512F, and the elements `dst` addresses must be writable and this
+/// The CPU must have AVX-512F and DQ, and the elements `dst` addresses must be writable and this
 /// thread's alone. `x` and `w` are checked to hold `(cg - 1) * plane + max(offsets) + QB` and
 /// `cg * taps * OB` elements.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512dq")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn block(
     x: &[f32],
@@ -447,14 +448,14 @@ unsafe fn block(
     unsafe { store(acc, dst, finish) }
 }
 
-/// A block's sums, finished (bias, ReLU) and stored as `dst` says.
+/// A block's sums, finished (bias, activation) and stored as `dst` says.
 ///
 /// Always inlined into the (AVX-512) blocks, so that their sums stay in registers: a call
 /// would pass the 24 of them through memory (a `#[target_feature]` function cannot be
 /// `#[inline(always)]`, so this one has no features of its own and takes its callers').
 ///
 /// # Safety
-/// The CPU must have AVX-512F; the elements `dst` addresses must be writable and this
+/// The CPU must have AVX-512F and DQ; the elements `dst` addresses must be writable and this
 /// thread's alone.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
@@ -477,7 +478,6 @@ unsafe fn store(acc: [[__m512; NV]; OB], dst: Dst, finish: &Finish) {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn store_as<const WHOLE: bool>(acc: [[__m512; NV]; OB], dst: Dst, finish: &Finish) {
-    let zero = _mm512_setzero_ps();
     let channels = if WHOLE { OB } else { dst.channels };
     for (o, row) in acc.iter().enumerate().take(channels) {
         for (v, a) in row.iter().enumerate() {
@@ -485,9 +485,9 @@ unsafe fn store_as<const WHOLE: bool>(acc: [[__m512; NV]; OB], dst: Dst, finish:
             if let Some(bias) = &finish.bias {
                 value = _mm512_add_ps(value, _mm512_set1_ps(bias[o]));
             }
-            if finish.relu {
-                let negative = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(value, zero);
-                value = _mm512_mask_mov_ps(value, negative, zero);
+            if let Some(act) = finish.act {
+                // SAFETY: the callers are compiled for AVX-512F and DQ.
+                value = unsafe { act.apply(value) };
             }
             let lanes = if WHOLE {
                 16
@@ -516,11 +516,11 @@ unsafe fn store_as<const WHOLE: bool>(acc: [[__m512; NV]; OB], dst: Dst, finish:
 /// the channels run.
 ///
 /// # Safety
-/// The CPU must have AVX-512F; every lane the masks let through must be readable; the
+/// The CPU must have AVX-512F and DQ; every lane the masks let through must be readable; the
 /// elements `dst` addresses must be writable and this thread's alone. `w` is checked to hold
 /// `taps * cg * OB` elements.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512dq")]
 unsafe fn masked_block(taps: &Taps, w: &[f32], cg: usize, dst: Dst, finish: &Finish) {
     assert!(w.len() >= taps.offsets.len() * cg * OB && taps.masks.len() == taps.offsets.len());
     let mut acc = [[_mm512_setzero_ps(); NV]; OB];
@@ -681,7 +681,7 @@ pub(super) fn inverted_residual(
                     &packed,
                     dst,
                     expand_in_registers.bias,
-                    expand_in_registers.act == Some(Activation::Relu),
+                    InRegisters::of(expand_in_registers.act),
                     false,
                 )
             };
@@ -769,7 +769,7 @@ fn pointwise_bands(
                     &packed,
                     dst,
                     in_registers.bias,
-                    in_registers.act == Some(Activation::Relu),
+                    InRegisters::of(in_registers.act),
                     stream,
                 )
             };
