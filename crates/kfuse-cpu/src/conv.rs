@@ -115,6 +115,19 @@ fn for_each_band(
     for_each_band_fitted(images, out_rows, bytes_per_row, |rows| rows, task)
 }
 
+/// The rows of [`for_each_band`]'s bands: as many as keep a tile of `bytes_per_row` bytes per
+/// row near [`TILE_BYTES`], few enough to give every thread four bands, all of equal height
+/// (the last one as long as the others, so that no thread is left with a long band while the
+/// others idle).
+fn band_rows(images: usize, out_rows: usize, bytes_per_row: usize) -> usize {
+    let by_cache = (TILE_BYTES / bytes_per_row.max(1)).max(1);
+    let by_balance = (images * out_rows)
+        .div_ceil(4 * Pool::global().threads())
+        .max(1);
+    let rows = by_cache.min(by_balance).min(out_rows).max(1);
+    out_rows.div_ceil(out_rows.div_ceil(rows))
+}
+
 /// [`for_each_band`], with the band's row count passed through `fit` (which may lower it, to
 /// at least 1) after the cache and balance limits.
 fn for_each_band_fitted(
@@ -125,13 +138,7 @@ fn for_each_band_fitted(
     task: &(dyn Fn(usize, std::ops::Range<usize>) + Sync),
 ) {
     let pool = Pool::global();
-    let by_cache = (TILE_BYTES / bytes_per_row.max(1)).max(1);
-    let by_balance = (images * out_rows).div_ceil(4 * pool.threads()).max(1);
-    let rows = by_cache.min(by_balance).min(out_rows).max(1);
-    // Bands of equal height: the last one as long as the others, so that no thread is left
-    // with a long band while the others idle.
-    let rows = out_rows.div_ceil(out_rows.div_ceil(rows));
-    let rows = fit(rows).clamp(1, out_rows.max(1));
+    let rows = fit(band_rows(images, out_rows, bytes_per_row)).clamp(1, out_rows.max(1));
     let bands = out_rows.div_ceil(rows);
     pool.run(images * bands, &|t| {
         let (n, band) = (t / bands, t % bands);
@@ -463,42 +470,107 @@ unsafe fn finish_band<T: Real>(
 /// Depthwise convolution (one filter per channel) over (image, band) tasks.
 fn depthwise<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Post<T>) {
     let [n_images, c, oh, ow] = g.y;
+    let row_bytes = c * ow * std::mem::size_of::<T>();
+    if g.layout == Layout::Nchw && band_rows(n_images, oh, row_bytes) < THIN_BAND {
+        return depthwise_by_channels(g, xs, ws, y, post);
+    }
     let out = Out(y.as_mut_ptr());
-    for_each_band(
-        n_images,
-        oh,
-        c * ow * std::mem::size_of::<T>(),
-        &|n, band| {
-            let (r0, r1) = (band.start, band.end);
-            let (at, channel_stride) = match g.layout {
-                Layout::Nhwc => ((n * oh + r0) * ow * c, 0),
-                Layout::Nchw => ((n * c * oh + r0) * ow, oh * ow),
-            };
-            // A bias and an activation are applied by the kernel, to each channel's rows as they
-            // are computed; a residual (and what follows it) in a pass over the band.
-            let (inside, after) = if post.residual.is_none() {
-                (post, Post::none())
-            } else {
-                (Post::none(), post)
-            };
-            // SAFETY: rows r0..r1 of image n (every channel) lie inside `y` and belong to this
-            // task alone.
-            unsafe {
-                depthwise::band(
-                    g,
-                    xs,
-                    ws,
-                    n,
-                    band.clone(),
-                    Out(out.ptr().add(at)),
-                    channel_stride,
-                    inside,
-                )
-            };
-            // SAFETY: as above.
-            unsafe { finish_band(g, out.ptr(), n, r0, r1, after) };
-        },
-    );
+    for_each_band(n_images, oh, row_bytes, &|n, band| {
+        let (r0, r1) = (band.start, band.end);
+        let (at, channel_stride) = match g.layout {
+            Layout::Nhwc => ((n * oh + r0) * ow * c, 0),
+            Layout::Nchw => ((n * c * oh + r0) * ow, oh * ow),
+        };
+        // A bias and an activation are applied by the kernel, to each channel's rows as they
+        // are computed; a residual (and what follows it) in a pass over the band.
+        let (inside, after) = if post.residual.is_none() {
+            (post, Post::none())
+        } else {
+            (Post::none(), post)
+        };
+        // SAFETY: rows r0..r1 of image n (every channel) lie inside `y` and belong to this
+        // task alone.
+        unsafe {
+            depthwise::band(
+                g,
+                xs,
+                ws,
+                n,
+                band.clone(),
+                Out(out.ptr().add(at)),
+                channel_stride,
+                inside,
+            )
+        };
+        // SAFETY: as above.
+        unsafe { finish_band(g, out.ptr(), n, r0, r1, after) };
+    });
+}
+
+/// Bands of fewer rows than this leave the NCHW depthwise kernels too little work per channel
+/// (each channel's weights, masks and row pointers are set up once per band): the tasks split
+/// the channels instead, whole planes each.
+const THIN_BAND: usize = 4;
+
+/// The NCHW depthwise convolution in tasks of whole planes, a run of channels of one image
+/// each, spread over the kernel pool: for small images (MobileNet's 14×14 and 7×7 stages),
+/// where bands of rows would be a row or two. Batch 1 on two threads
+/// (`examples/depthwise_cost.rs`): 7×7 with 960 channels 51 µs in bands of one row, against
+/// 19–20 µs; 14×14 with 576 channels 36 against 21 µs.
+fn depthwise_by_channels<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Post<T>) {
+    let [n_images, c, oh, ow] = g.y;
+    let [_, _, h, w] = g.x;
+    let taps = g.kh * g.kw;
+    let pool = Pool::global();
+    // Four tasks per thread, as bands of rows would be, of at least one channel.
+    let per_image = (4 * pool.threads()).div_ceil(n_images).min(c).max(1);
+    let chunk = c.div_ceil(per_image);
+    let chunks = c.div_ceil(chunk);
+    let out = Out(y.as_mut_ptr());
+    pool.run(n_images * chunks, &|t| {
+        let (n, c0) = (t / chunks, t % chunks * chunk);
+        let cc = chunk.min(c - c0);
+        let sub = Geometry {
+            x: [1, cc, h, w],
+            y: [1, cc, oh, ow],
+            groups: cc,
+            ..*g
+        };
+        let (inside, after) = if post.residual.is_none() {
+            (
+                Post {
+                    bias: post.bias.map(|b| &b[c0..c0 + cc]),
+                    ..post
+                },
+                Post::none(),
+            )
+        } else {
+            (Post::none(), post)
+        };
+        let at = (n * c + c0) * oh * ow;
+        // SAFETY: the planes of channels c0..c0 + cc of image n lie inside `y` and belong to
+        // this task alone.
+        unsafe {
+            depthwise::band(
+                &sub,
+                &xs[g.x_offset(n, c0, 0, 0)..][..cc * h * w],
+                &ws[c0 * taps..][..cc * taps],
+                0,
+                0..oh,
+                Out(out.ptr().add(at)),
+                oh * ow,
+                inside,
+            )
+        };
+        if !after.is_empty() {
+            for ch in c0..c0 + cc {
+                let at = (n * c + ch) * oh * ow;
+                // SAFETY: as above.
+                let plane = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(at), oh * ow) };
+                epilogue(plane, after.channel(ch, at, oh * ow));
+            }
+        }
+    });
 }
 
 /// Whether `depthwise` then `pointwise` form a depthwise-separable block this module fuses:

@@ -43,12 +43,23 @@ fn abs_inputs(inputs: &[(String, Array)]) -> Vec<(String, Array)> {
 fn check(graph: &Graph, inputs: &[(String, Array)], terms: usize, what: &str) -> usize {
     let mut differing = 0;
     let want = kfuse_interp::run(graph, inputs, &CustomOps::new()).unwrap();
-    // The magnitudes bound each sum's rounding. They are taken before sigmoid and tanh: those
-    // squash large sums, but pass the sum's error on with a slope of up to 1 (ReLU is the
-    // identity on these non-negative magnitudes).
-    let unsquashed = kfuse_ir::text::print_graph(graph)
+    // The magnitudes bound each sum's rounding. They are taken before sigmoid, tanh and clamp:
+    // those squash large sums, but pass the sum's error on with a slope of up to 1 (ReLU is
+    // the identity on these non-negative magnitudes, and a clamp becomes `max(v, lo)`, which
+    // is `v` or more).
+    let unsquashed: String = kfuse_ir::text::print_graph(graph)
         .replace(" = sigmoid(", " = relu(")
-        .replace(" = tanh(", " = relu(");
+        .replace(" = tanh(", " = relu(")
+        .lines()
+        .map(|line| match line.split_once(" = clamp(") {
+            Some((out, args)) => {
+                let (v, rest) = args.split_once(", ").expect("clamp's operands");
+                let lo = rest.split_once(", ").expect("clamp's bounds").0;
+                format!("{out} = max({v}, {lo})\n")
+            }
+            None => format!("{line}\n"),
+        })
+        .collect();
     let unsquashed = parse_graph(&unsquashed).unwrap();
     let magnitude = kfuse_interp::run(&unsquashed, &abs_inputs(inputs), &CustomOps::new()).unwrap();
     let (fast, _) = build(graph, Numerics::Fast)
@@ -286,6 +297,32 @@ fn residual(layout: &str, dtype: &str, x: &str, groups: usize, act: &str) -> (St
     (text, c / groups * 9 + 2)
 }
 
+/// A depthwise convolution (padding 1 or 2, filter `kernel`) of NCHW `x`, then its
+/// per-channel bias and `act` (`clamp` is ReLU6).
+fn depthwise_bias(dtype: &str, x: &str, kernel: &str, stride: usize, act: &str) -> (String, usize) {
+    let c: usize = x.split(", ").nth(1).unwrap().parse().unwrap();
+    let k: usize = kernel[1..2].parse().unwrap();
+    let pad = k / 2;
+    let act = if act == "clamp" {
+        format!(
+            "%lo = constant() value=[0.0] : {dtype}[]\n%hi = constant() value=[6.0] : {dtype}[]\n\
+             %y = clamp(%s, %lo, %hi)\n"
+        )
+    } else {
+        format!("%y = {act}(%s)\n")
+    };
+    (
+        format!(
+            "%x = input() name=\"x\" : {dtype}{x}\n\
+             %w = input() name=\"w\" : {dtype}[{c}, 1, {k}, {k}]\n\
+             %b = input() name=\"b\" : {dtype}[{c}, 1, 1]\n\
+             %d = conv2d(%x, %w) layout=nchw stride=[{stride}, {stride}] padding=[{pad}, {pad}, {pad}, {pad}] dilation=[1, 1] groups={c}\n\
+             %s = add(%d, %b)\n{act}output \"y\" = %y\n"
+        ),
+        k * k,
+    )
+}
+
 /// A depthwise-separable block with a skip connection around it (MobileNetV2's inverted
 /// residual, without the expansion).
 fn separable_residual(layout: &str) -> (String, usize) {
@@ -475,6 +512,13 @@ fn structured_programs() -> Vec<(String, usize)> {
         residual("nhwc", "f64", "[1, 5, 6, 16]", 1, "tanh"),
         separable_residual("nchw"),
         separable_residual("nhwc"),
+        // Standalone depthwise convolutions of small images (MobileNet's late stages), whose
+        // tasks split the channels rather than the few rows: bias and ReLU6 or sigmoid, batch
+        // 1 and 2, f32 and f64, stride 1 and 2, 3×3 and 5×5.
+        depthwise_bias("f32", "[1, 24, 7, 7]", "[3, 3]", 1, "clamp"),
+        depthwise_bias("f32", "[2, 19, 6, 14]", "[5, 5]", 1, "sigmoid"),
+        depthwise_bias("f32", "[1, 32, 9, 9]", "[3, 3]", 2, "clamp"),
+        depthwise_bias("f64", "[1, 12, 7, 7]", "[3, 3]", 1, "clamp"),
         // MobileNet blocks: the depthwise half's own bias and activation run on its tile.
         mobilenet_block("nchw", "f32", "[2, 8, 13, 37]", true, "relu"),
         mobilenet_block("nchw", "f32", "[1, 8, 9, 16]", false, "sigmoid"),
@@ -539,7 +583,12 @@ fn structured_convolutions_match_the_reference() {
             "program {k}: nothing else\n{text}"
         );
         let inputs = random_inputs(&graph, 1000 + k as u64);
-        check(&graph, &inputs, terms, &format!("structured program {k}"));
+        check(
+            &graph,
+            &inputs,
+            terms,
+            &format!("structured program {k}:\n{text}"),
+        );
     }
 }
 
