@@ -128,8 +128,8 @@ fn band_rows(images: usize, out_rows: usize, bytes_per_row: usize) -> usize {
     out_rows.div_ceil(out_rows.div_ceil(rows))
 }
 
-/// [`for_each_band`], with the band's row count passed through `fit` (which may lower it, to
-/// at least 1) after the cache and balance limits.
+/// [`for_each_band`], with the band's row count passed through `fit` (which may lower or raise
+/// it; it is then kept within 1 and the image's rows) after the cache and balance limits.
 fn for_each_band_fitted(
     images: usize,
     out_rows: usize,
