@@ -440,9 +440,9 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
         report["gemm_epilogues"] = gemm_epilogues(&cache, runs, scale, as_json, only)?;
     }
     if only.is_empty()
-        || only
-            .iter()
-            .any(|o| o.starts_with("W6") || o == "W7" || o == "mobilenet" || o == "inverted")
+        || only.iter().any(|o| {
+            o.starts_with("W6") || o == "W7" || o == "mobilenet" || o.starts_with("inverted")
+        })
     {
         report["convolutions"] = conv_workloads(&cache, runs, quick, as_json, only)?;
     }
@@ -821,11 +821,9 @@ fn conv_workloads(
             (cache, runs, as_json),
         )?);
     }
-    if wanted("inverted") {
-        // A MobileNetV2 inverted residual at 56×56: 24 channels expanded to 144, depthwise,
-        // projected back to 24, bias and ReLU6 after the first two, bias and the skip
-        // connection after the last.
-        let (c, e, hw) = (24, 144, if quick { 14 } else { 56 });
+    // A MobileNetV2 inverted residual: `c` channels expanded to `e`, depthwise, projected back
+    // to `c`, bias and ReLU6 after the first two, bias and the skip connection after the last.
+    let inverted = |id: &str, n: usize, c: usize, e: usize, hw: usize| -> Result<_> {
         let relu6 = |v: &str, out: &str| format!("%{out} = clamp(%{v}, %lo, %hi)\n");
         let block = input("x", &[n, c, hw, hw])
             + &input("we", &[e, c, 1, 1])
@@ -851,12 +849,32 @@ fn conv_workloads(
             ("wp".to_string(), randn(&[c, e, 1, 1], 0.1)?),
             ("bp".to_string(), randn(&[c, 1, 1], 0.1)?),
         ];
-        rows.push(fused_against_unfused(
-            "inverted",
-            &format!("MobileNetV2 block, {n}x{c}x{hw}x{hw}, expansion 6"),
+        fused_against_unfused(
+            id,
+            &format!("MobileNetV2 block, {n}x{c}x{hw}x{hw}, expanded to {e}"),
             &block,
             &frozen,
             (cache, runs, as_json),
+        )
+    };
+    if wanted("inverted") {
+        // At 56×56: 24 channels expanded to 144.
+        rows.push(inverted(
+            "inverted",
+            n,
+            24,
+            144,
+            if quick { 14 } else { 56 },
+        )?);
+    }
+    if wanted("inverted7") {
+        // The last stage at batch 1: 160 channels at 7×7, expanded to 960.
+        rows.push(inverted(
+            "inverted7",
+            1,
+            160,
+            if quick { 240 } else { 960 },
+            7,
         )?);
     }
     if wanted("W7") {

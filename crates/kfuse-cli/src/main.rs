@@ -105,7 +105,8 @@ enum Command {
         /// extra cases (cost: the cost model's partial fusion; transpose: a fused transpose;
         /// activations: each GEMM epilogue activation against the bias alone; mobilenet: W6a
         /// with a bias and ReLU after each half, fused against unfused; inverted: a MobileNetV2
-        /// inverted residual, fused against unfused).
+        /// inverted residual at 56×56, fused against unfused; inverted7: one of its last stage,
+        /// 7×7 at batch 1).
         #[arg(value_name = "ID")]
         only: Vec<String>,
     },

@@ -624,7 +624,7 @@ fn bench_quick_reports_every_workload() {
             "{id} missing"
         );
     }
-    for id in ["W6a", "W6b", "W7", "mobilenet", "inverted"] {
+    for id in ["W6a", "W6b", "W7", "mobilenet", "inverted", "inverted7"] {
         assert!(
             report["convolutions"]
                 .as_array()
