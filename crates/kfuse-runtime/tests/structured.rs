@@ -512,6 +512,12 @@ fn structured_programs() -> Vec<(String, usize)> {
         residual("nhwc", "f64", "[1, 5, 6, 16]", 1, "tanh"),
         separable_residual("nchw"),
         separable_residual("nhwc"),
+        // Small images at batch 1, whose one band runs in two phases over the threads: the
+        // tile's channels split (24 expanded channels: runs of 16 and 8), then the outputs
+        // (12: runs of 8 and 4).
+        inverted_residual("nchw", "f32", "[1, 4, 7, 7]", 1, "relu6"),
+        inverted_residual("nchw", "f32", "[1, 4, 9, 6]", 2, "relu"),
+        mobilenet_block("nchw", "f32", "[1, 8, 7, 9]", true, "relu6"),
         // Standalone depthwise convolutions of small images (MobileNet's late stages), whose
         // tasks split the channels rather than the few rows: bias and ReLU6 or sigmoid, batch
         // 1 and 2, f32 and f64, stride 1 and 2, 3×3 and 5×5.

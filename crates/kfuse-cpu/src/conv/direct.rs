@@ -598,16 +598,35 @@ fn separable_stored(
     post: Post<f32>,
     stream: bool,
 ) {
-    let fill =
-        |n: usize, band: std::ops::Range<usize>, tile: &mut [f32], plane: usize, _: &mut [f32]| {
-            // SAFETY: the tile holds the c planes of `plane` elements, and is this task's. The
-            // depthwise half's own bias and activation are applied as its rows are computed.
-            unsafe {
-                super::depthwise::band(g, xs, wd, n, band, Out(tile.as_mut_ptr()), plane, middle)
-            };
+    let taps = g.kh * g.kw;
+    let fill = |n: usize,
+                band: std::ops::Range<usize>,
+                chans: std::ops::Range<usize>,
+                tile: &mut [f32],
+                plane: usize,
+                _: &mut [f32]| {
+        // Channels `chans` of image n, as an image of their own.
+        let cc = chans.len();
+        let sub = Geometry {
+            x: [1, cc, g.x[2], g.x[3]],
+            y: [1, cc, g.y[2], g.y[3]],
+            groups: cc,
+            ..*g
         };
+        let middle = Post {
+            bias: middle.bias.map(|b| &b[chans.clone()]),
+            ..middle
+        };
+        let xs = &xs[g.x_offset(n, chans.start, 0, 0)..][..cc * g.x[2] * g.x[3]];
+        let wd = &wd[chans.start * taps..][..cc * taps];
+        // SAFETY: the tile holds the channels' planes of `plane` elements, and is this task's.
+        // The depthwise half's own bias and activation are applied as its rows are computed.
+        unsafe {
+            super::depthwise::band(&sub, xs, wd, 0, band, Out(tile.as_mut_ptr()), plane, middle)
+        };
+    };
     let row_bytes = g.y[1] * g.y[3] * std::mem::size_of::<f32>();
-    pointwise_bands(g.y, wp, c_out, y, post, stream, row_bytes, &|_| 0, &fill);
+    pointwise_bands(g.y, wp, c_out, y, post, stream, row_bytes, &|_, _| 0, &fill);
 }
 
 /// MobileNetV2's inverted residual for f32 NCHW on AVX-512: a 1×1 expansion (`ge`, weights
@@ -644,67 +663,82 @@ pub(super) fn inverted_residual(
         let lo = first.clamp(0, in_h as isize) as usize;
         (lo, (reach.clamp(0, in_h as isize) as usize).max(lo))
     };
-    // Per band: the input rows' copy (whole blocks of positions) and their expansion.
-    let extra = |band: &std::ops::Range<usize>| {
+    // Per band: the input rows' copy (whole blocks of positions) and the expansion of its
+    // `chans` channels.
+    let extra = |band: &std::ops::Range<usize>, chans: usize| {
         let (lo, hi) = input_rows(band);
         let p = (hi - lo) * w;
-        c_in * p.div_ceil(QB) * QB + c_exp * p
+        c_in * p.div_ceil(QB) * QB + chans * p
     };
+    let per_block = c_in * OB;
+    let taps = gd.kh * gd.kw;
     let fill = |n: usize,
                 band: std::ops::Range<usize>,
+                chans: std::ops::Range<usize>,
                 tile: &mut [f32],
                 plane: usize,
                 scratch: &mut [f32]| {
         let (lo, hi) = input_rows(&band);
         let p = (hi - lo) * w;
         let q = p.div_ceil(QB) * QB;
+        let cc = chans.len();
         let (copy, expanded) = scratch.split_at_mut(c_in * q);
         for ch in 0..c_in {
             let src = &xs[ge.x_offset(n, ch, lo, 0)..][..p];
             copy[ch * q..][..p].copy_from_slice(src);
             copy[ch * q + p..(ch + 1) * q].fill(0.0);
         }
-        let expanded = &mut expanded[..c_exp * p];
+        let expanded = &mut expanded[..cc * p];
         if p > 0 {
             let dst = Dst {
                 ptr: expanded.as_mut_ptr(),
                 stride: p,
-                channels: c_exp,
+                channels: cc,
                 valid: p,
             };
-            // SAFETY: `expanded` holds c_exp planes of p, and is this task's.
+            // The channels start on a block of the packed weights (`pointwise_bands` splits
+            // them so).
+            debug_assert!(chans.start % OB == 0);
+            let blocks = chans.start / OB..chans.end.div_ceil(OB);
+            // SAFETY: `expanded` holds the channels' planes of p, and is this task's.
             unsafe {
                 compute(
                     copy,
                     q,
                     &[0],
-                    &packed,
+                    &packed[blocks.start * per_block..blocks.end * per_block],
                     dst,
-                    expand_in_registers.bias,
+                    expand_in_registers.bias.map(|b| &b[chans.clone()]),
                     InRegisters::of(expand_in_registers.act),
                     false,
                 )
             };
             if !expand_rest.is_empty() {
-                // An activation other than ReLU (no bias or residual is left for this pass).
-                epilogue(expanded, expand_rest.channel(0, 0, c_exp * p));
+                // An activation without a form in registers (no bias or residual is left for
+                // this pass).
+                epilogue(expanded, expand_rest.channel(0, 0, cc * p));
             }
         }
         // The depthwise convolution of the expanded rows: output row r0 + rr of the band reads
         // expanded row `rr * sh + i - top` of the tile, rows outside it being padding.
         let top = pt + lo - band.start * sh;
         let local = Geometry {
-            x: [1, c_exp, hi - lo, w],
-            y: [1, c_exp, band.len(), gd.y[3]],
+            x: [1, cc, hi - lo, w],
+            y: [1, cc, band.len(), gd.y[3]],
             pad: [top, gd.pad[1]],
+            groups: cc,
             ..*gd
         };
-        // SAFETY: the tile holds the c_exp planes of `plane` elements, and is this task's.
+        let middle = Post {
+            bias: middle.bias.map(|b| &b[chans.clone()]),
+            ..middle
+        };
+        // SAFETY: the tile holds the channels' planes of `plane` elements, and is this task's.
         unsafe {
             super::depthwise::band(
                 &local,
                 expanded,
-                wd,
+                &wd[chans.start * taps..][..cc * taps],
                 0,
                 0..band.len(),
                 Out(tile.as_mut_ptr()),
@@ -718,15 +752,26 @@ pub(super) fn inverted_residual(
     pointwise_bands(gd.y, wp, c_out, y, post, stream, row_bytes, &extra, &fill);
 }
 
-/// A band's depthwise output written into a tile: `fill(n, rows, tile, plane, scratch)` writes
-/// channel `ch`'s rows at `tile[ch * plane..]` (`rows.len() * ow` elements), given `scratch` of
-/// `extra(rows)` elements of its own.
-type Fill<'a> = dyn Fn(usize, std::ops::Range<usize>, &mut [f32], usize, &mut [f32]) + Sync + 'a;
+/// A band's depthwise output written into a tile: `fill(n, rows, chans, tile, plane, scratch)`
+/// writes channel `chans.start + k`'s rows at `tile[k * plane..]` (`rows.len() * ow` elements),
+/// given `scratch` of `extra(rows, chans.len())` elements of its own. `chans` starts on a
+/// multiple of [`OB`].
+type Fill<'a> = dyn Fn(usize, std::ops::Range<usize>, std::ops::Range<usize>, &mut [f32], usize, &mut [f32])
+    + Sync
+    + 'a;
+
+/// The scratch a band's fill needs of its own, `extra(rows, channels)` elements, for that many
+/// of the tile's channels.
+type Extra<'a> = dyn Fn(&std::ops::Range<usize>, usize) -> usize + Sync + 'a;
 
 /// The pointwise product by `wp` (`c_out × c`) of the `c` planes of `[n, c, oh, ow]` that
 /// `fill` writes for each band of rows, into `y` (`[n, c_out, oh, ow]`) with the epilogue;
 /// stored non-temporally where `stream` (and no part of the epilogue is left to run over the
 /// stored rows). Bands are sized for `row_bytes` of tiles per row.
+///
+/// Each band is one task where there are at least as many bands as threads. Where there are
+/// fewer (a small image at batch 1), each band runs in two phases over all the threads
+/// instead: the tile's channels split between them, then the output channels.
 #[allow(clippy::too_many_arguments)]
 fn pointwise_bands(
     [n_images, c, oh, ow]: [usize; 4],
@@ -736,59 +781,74 @@ fn pointwise_bands(
     post: Post<f32>,
     stream: bool,
     row_bytes: usize,
-    extra: &(dyn Fn(&std::ops::Range<usize>) -> usize + Sync),
+    extra: &Extra,
     fill: &Fill,
 ) {
     let (in_registers, rest) = split(post);
     let packed = pack(wp, 1, c_out, c);
+    let per_block = c * OB;
     let stream = stream && rest.is_empty();
     let out = Out(y.as_mut_ptr());
-    let job = |n: usize, band: std::ops::Range<usize>| {
-        let (r0, rows) = (band.start, band.len());
-        let p = rows * ow;
-        let q_blocks = p.div_ceil(QB) * QB;
-        with_scratch(c * q_blocks + extra(&band), |scratch: &mut [f32]| {
-            let (tile, rest_of_scratch) = scratch.split_at_mut(c * q_blocks);
-            for ch in 0..c {
-                tile[ch * q_blocks + p..(ch + 1) * q_blocks].fill(0.0);
-            }
-            fill(n, band.clone(), tile, q_blocks, rest_of_scratch);
-            // Rows r0.. of every output channel of image n: p contiguous positions each.
+    // Output channels `chans` (starting on a block of the packed weights) of rows `band` of
+    // image n, from the tile.
+    let project =
+        |n: usize, band: &std::ops::Range<usize>, tile: &[f32], chans: std::ops::Range<usize>| {
+            let (r0, p) = (band.start, band.len() * ow);
+            let q_blocks = p.div_ceil(QB) * QB;
+            // Rows r0.. of the output channels of image n: p contiguous positions each.
             let dst = Dst {
-                ptr: out.ptr().wrapping_add((n * c_out * oh + r0) * ow),
+                ptr: out
+                    .ptr()
+                    .wrapping_add(((n * c_out + chans.start) * oh + r0) * ow),
                 stride: oh * ow,
-                channels: c_out,
+                channels: chans.len(),
                 valid: p,
             };
+            let blocks = chans.start / OB..chans.end.div_ceil(OB);
             // SAFETY: those rows are this task's.
             unsafe {
                 compute(
                     tile,
                     q_blocks,
                     &[0],
-                    &packed,
+                    &packed[blocks.start * per_block..blocks.end * per_block],
                     dst,
-                    in_registers.bias,
+                    in_registers.bias.map(|b| &b[chans.clone()]),
                     InRegisters::of(in_registers.act),
                     stream,
                 )
             };
             if stream {
-                // SAFETY: SSE is baseline on x86-64. Orders the streamed stores before the
-                // task is reported done.
+                // SAFETY: SSE is baseline on x86-64. Orders the streamed stores before the task
+                // is reported done.
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
                     _mm_sfence()
                 };
             }
             if !rest.is_empty() {
-                for co in 0..c_out {
+                for co in chans {
                     let at = (n * c_out + co) * oh * ow + r0 * ow;
                     // SAFETY: as above.
                     let rows = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(at), p) };
                     epilogue(rows, rest.channel(co, at, p));
                 }
             }
+        };
+    // The tile's planes, whole blocks of positions, zero past the band's.
+    let zero_tails = |tile: &mut [f32], p: usize, q_blocks: usize| {
+        for plane in tile.chunks_mut(q_blocks) {
+            plane[p..].fill(0.0);
+        }
+    };
+    let job = |n: usize, band: std::ops::Range<usize>| {
+        let p = band.len() * ow;
+        let q_blocks = p.div_ceil(QB) * QB;
+        with_scratch(c * q_blocks + extra(&band, c), |scratch: &mut [f32]| {
+            let (tile, rest_of_scratch) = scratch.split_at_mut(c * q_blocks);
+            zero_tails(tile, p, q_blocks);
+            fill(n, band.clone(), 0..c, tile, q_blocks, rest_of_scratch);
+            project(n, &band, tile, 0..c_out);
         })
     };
     // Bands of at least two blocks of positions: the microkernel computes whole blocks of
@@ -797,7 +857,51 @@ fn pointwise_bands(
     // 160 channels expanded to 960, batch 1: 672 → 363 µs, against 475 unfused; at 14×14
     // with 96 and 576: 366 → 216, against 395. (Four blocks: 385 and 314.)
     let least = (2 * QB).div_ceil(ow.max(1));
-    for_each_band_fitted(n_images, oh, row_bytes, |rows| rows.max(least), &job);
+    let pool = crate::Pool::global();
+    let rows = super::band_rows(n_images, oh, row_bytes)
+        .max(least)
+        .min(oh.max(1));
+    let bands = oh.div_ceil(rows);
+    if n_images * bands >= pool.threads() {
+        return super::for_each_band_fitted(n_images, oh, row_bytes, |rows| rows.max(least), &job);
+    }
+    // Channels in runs of whole blocks, one run per thread.
+    let runs = |channels: usize| {
+        let run = channels.div_ceil(pool.threads()).div_ceil(OB) * OB;
+        move |k: usize| k * run..((k + 1) * run).min(channels)
+    };
+    let (fills, projections) = (runs(c), runs(c_out));
+    for n in 0..n_images {
+        for b in 0..bands {
+            let band = b * rows..((b + 1) * rows).min(oh);
+            let p = band.len() * ow;
+            let q_blocks = p.div_ceil(QB) * QB;
+            let mut tile = vec![0.0f32; c * q_blocks];
+            let shared = Out(tile.as_mut_ptr());
+            pool.run(pool.threads(), &|k| {
+                let chans = fills(k);
+                if chans.is_empty() {
+                    return;
+                }
+                // SAFETY: each task writes the planes of its own channels.
+                let part = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        shared.ptr().add(chans.start * q_blocks),
+                        chans.len() * q_blocks,
+                    )
+                };
+                with_scratch(extra(&band, chans.len()), |scratch: &mut [f32]| {
+                    fill(n, band.clone(), chans, part, q_blocks, scratch)
+                });
+            });
+            pool.run(pool.threads(), &|k| {
+                let chans = projections(k);
+                if !chans.is_empty() {
+                    project(n, &band, &tile, chans);
+                }
+            });
+        }
+    }
 }
 
 #[cfg(test)]
