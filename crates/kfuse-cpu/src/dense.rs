@@ -520,27 +520,37 @@ fn biased<T: Real>(values: &mut [T], tail: Tail<T>, f: impl Fn(T) -> T) {
     }
 }
 
+/// Values and bounds the clamps are tested on: NaNs (with a payload too), both zeros,
+/// subnormals, ReLU6's bounds and their neighbours, the extremes and the infinities.
+#[cfg(test)]
+pub(crate) const CLAMP_SPECIALS: [f32; 16] = [
+    f32::NAN,
+    -f32::NAN,
+    f32::from_bits(0x7fa0_0001),
+    -0.0,
+    0.0,
+    1e-40,
+    -1e-40,
+    1.0,
+    -1.0,
+    6.0,
+    5.999_999_5,
+    f32::MAX,
+    f32::MIN,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    f32::MIN_POSITIVE,
+];
+
 #[cfg(test)]
 mod clamp_tests {
-    use super::clamp;
+    use super::{clamp, CLAMP_SPECIALS};
 
     /// The epilogue's clamp is the IR's, bit for bit: `minimum(maximum(v, lo), hi)` with NaN
-    /// propagated and `+0` above `-0`, for every pair of special values as value and bounds.
+    /// propagated and `+0` above `-0`, for every triple of special values as value and bounds.
     #[test]
     fn clamp_matches_kfuse_math_bit_for_bit() {
-        let specials = [
-            f32::NAN,
-            -0.0,
-            0.0,
-            1e-40,
-            -1e-40,
-            1.0,
-            -1.0,
-            6.0,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::MAX,
-        ];
+        let specials = CLAMP_SPECIALS;
         for &v in &specials {
             for &lo in &specials {
                 for &hi in &specials {

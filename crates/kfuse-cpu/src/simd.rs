@@ -358,24 +358,7 @@ mod tests {
             eprintln!("SKIPPED: the clamp in registers needs AVX-512, which this CPU lacks");
             return;
         }
-        let specials = [
-            f32::NAN,
-            -f32::NAN,
-            f32::from_bits(0x7fa0_0001),
-            -0.0,
-            0.0,
-            1e-40,
-            -1e-40,
-            1.0,
-            -1.0,
-            6.0,
-            5.999_999_5,
-            f32::MAX,
-            f32::MIN,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::MIN_POSITIVE,
-        ];
+        let specials = crate::dense::CLAMP_SPECIALS;
         let mut checked = 0;
         for &lo in &specials {
             for &hi in &specials {

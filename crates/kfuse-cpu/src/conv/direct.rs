@@ -722,7 +722,7 @@ pub(super) fn inverted_residual(
             };
             // The channels start on a block of the packed weights (`pointwise_bands` splits
             // them so).
-            debug_assert!(chans.start % OB == 0);
+            debug_assert!(chans.start.is_multiple_of(OB));
             let blocks = chans.start / OB..chans.end.div_ceil(OB);
             // SAFETY: `expanded` holds the channels' planes of p, and is this task's.
             unsafe {
