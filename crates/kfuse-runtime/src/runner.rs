@@ -285,7 +285,14 @@ impl<'a> Runner<'a> {
                     inputs: ins,
                     outputs,
                 } if self.numerics == Numerics::Fast
-                    && kfuse_cpu::conv::supported(program.buffer(ins[0]).ty.dtype) =>
+                    && kfuse_cpu::conv::supported(program.buffer(ins[0]).ty.dtype)
+                    && !match op {
+                        kfuse_ir::Op::Conv2d(attrs) => padded_weights_not_finite(
+                            attrs,
+                            storage_of(ins[1]).expect("library inputs are computed first"),
+                        ),
+                        _ => false,
+                    } =>
                 {
                     // A bare convolution or matmul: the structured routine with nothing absorbed.
                     stats.library_steps += 1;
@@ -353,8 +360,9 @@ impl<'a> Runner<'a> {
                         dims: program.buffer(b).ty.shape.dims(),
                     };
                     let out_ty = &program.buffer(outputs[0]).ty;
-                    let fast =
-                        self.numerics == Numerics::Fast && kfuse_cpu::conv::supported(out_ty.dtype);
+                    let fast = self.numerics == Numerics::Fast
+                        && kfuse_cpu::conv::supported(out_ty.dtype)
+                        && !call_padded_weights_not_finite(call, &|i| view(ins[i]).storage);
                     let result = if fast {
                         let operand = |i: usize| view(ins[i]);
                         fast_structured(
@@ -486,6 +494,43 @@ impl<'a> Runner<'a> {
                 )
             })
             .collect()
+    }
+}
+
+/// Whether a convolution with padding has a weight that is infinite or NaN. The fast kernels
+/// compute a padding tap as `0 * w`, where the reference skips it: next to the border such a
+/// weight would give NaN where the reference gives a number, so those steps run on the
+/// reference instead (the check reads the weights once a run, a small fraction of the
+/// convolution's own reads).
+fn padded_weights_not_finite(attrs: &kfuse_ir::Conv2dAttrs, weights: &Storage) -> bool {
+    attrs.padding.iter().any(|&p| p > 0)
+        && match weights {
+            Storage::F32(w) => !w.iter().all(|v| v.is_finite()),
+            Storage::F64(w) => !w.iter().all(|v| v.is_finite()),
+            _ => false,
+        }
+}
+
+/// [`padded_weights_not_finite`] for the padded convolutions of a structured call: its own
+/// convolution, or the depthwise one of a separable block (its 1×1 convolutions have no
+/// padding). `storage(i)` is the call's input `i`.
+fn call_padded_weights_not_finite<'s>(
+    call: &kfuse_kernel::StructuredCall,
+    storage: &dyn Fn(usize) -> &'s Storage,
+) -> bool {
+    match &call.anchor {
+        Anchor::Conv {
+            depthwise: Some(d), ..
+        } => {
+            // Inputs: activations, (expand weights, bias,) depthwise weights.
+            let at = 1 + d.expand.as_ref().map_or(0, |e| 1 + usize::from(e.bias));
+            padded_weights_not_finite(&d.attrs, storage(at))
+        }
+        Anchor::Conv {
+            depthwise: None,
+            conv,
+        } => padded_weights_not_finite(conv, storage(1)),
+        Anchor::MatMul { .. } => false,
     }
 }
 

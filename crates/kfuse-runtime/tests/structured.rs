@@ -598,6 +598,76 @@ fn structured_convolutions_match_the_reference() {
     }
 }
 
+/// An infinite or NaN weight beside the padding: the fast kernels multiply a padding tap by
+/// zero where the reference skips it, so such steps run on the reference, and the border
+/// outputs stay numbers where the reference's are. Plain (direct, NHWC, f64), depthwise,
+/// separable and inverted-residual convolutions, with the weight's tap in a corner of the
+/// filter.
+#[test]
+fn non_finite_weights_beside_the_padding_match_the_reference() {
+    let cases = [
+        (conv_case("nchw", "f32"), "w"),
+        (conv_case("nhwc", "f32"), "w"),
+        (conv_case("nchw", "f64"), "w"),
+        (
+            depthwise_bias("f32", "[1, 24, 7, 7]", "[3, 3]", 1, "clamp"),
+            "w",
+        ),
+        (
+            mobilenet_block("nchw", "f32", "[1, 8, 9, 16]", true, "relu"),
+            "wd",
+        ),
+        (
+            inverted_residual("nchw", "f32", "[2, 4, 13, 37]", 1, "relu6"),
+            "wd",
+        ),
+    ];
+    for (k, ((text, terms), weights)) in cases.into_iter().enumerate() {
+        let graph = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        for special in [f32::INFINITY, f32::NAN] {
+            let mut inputs = random_inputs(&graph, 9000 + k as u64);
+            let (_, w) = inputs.iter_mut().find(|(n, _)| n == weights).unwrap();
+            // The first weight: tap (0, 0) of the first output channel, padding for the first
+            // output row and column.
+            let mut values: Vec<f64> = (0..w.n_elems()).map(|i| w.get_f64(i)).collect();
+            values[0] = f64::from(special);
+            let dims = w.shape().dims().to_vec();
+            *w =
+                kfuse_interp::elementwise::cast(&Array::from_vec(dims, values).unwrap(), w.dtype());
+            let want = kfuse_interp::run(&graph, &inputs, &CustomOps::new()).unwrap();
+            assert!(
+                (0..want[0].1.n_elems()).any(|i| want[0].1.get_f64(i).is_finite()),
+                "case {k}: the reference has numbers to keep"
+            );
+            check(
+                &graph,
+                &inputs,
+                terms,
+                &format!("case {k}, weight {special}:\n{text}"),
+            );
+        }
+    }
+}
+
+/// A plain 3×3 convolution with padding 1 and a bias, in `layout` and `dtype`.
+fn conv_case(layout: &str, dtype: &str) -> (String, usize) {
+    let (x, w, b) = if layout == "nchw" {
+        ("[2, 6, 7, 19]", "[4, 6, 3, 3]", "[4, 1, 1]")
+    } else {
+        ("[2, 7, 19, 6]", "[4, 6, 3, 3]", "[4]")
+    };
+    (
+        format!(
+            "%x = input() name=\"x\" : {dtype}{x}\n\
+             %w = input() name=\"w\" : {dtype}{w}\n\
+             %b = input() name=\"b\" : {dtype}{b}\n\
+             %c = conv2d(%x, %w) layout={layout} stride=[1, 1] padding=[1, 1, 1, 1] dilation=[1, 1] groups=1\n\
+             %s = add(%c, %b)\noutput \"y\" = %s\n"
+        ),
+        54,
+    )
+}
+
 /// Strict numerics run each structured step through the reference ops, in the graph's order:
 /// the same bits as the interpreter (the depthwise half's own epilogue included).
 #[test]
