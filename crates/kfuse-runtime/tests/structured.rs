@@ -598,6 +598,69 @@ fn structured_convolutions_match_the_reference() {
     }
 }
 
+/// Random MobileNet blocks, f32 NCHW: with or without the expansion, odd channel counts (runs
+/// of channels that end off a block of 8), images from 1×1 up, batch 1 or 2, stride 1 or 2,
+/// ReLU6, ReLU or sigmoid, so that both the one-task bands and the two-phase bands of small
+/// images run, against the reference.
+#[test]
+fn random_separable_blocks_match_the_reference() {
+    let mut rng = Rng::new(2026);
+    for k in 0..40u64 {
+        let pick = |rng: &mut Rng, n: usize| 1 + rng.below(n);
+        let (n, c, c_out) = (pick(&mut rng, 2), pick(&mut rng, 12), pick(&mut rng, 20));
+        let (h, w) = (pick(&mut rng, 15), pick(&mut rng, 15));
+        let stride = pick(&mut rng, 2);
+        let expand = rng.below(2) == 0;
+        let e = if expand { pick(&mut rng, 40) } else { c };
+        let act = ["relu6", "relu", "sigmoid"][rng.below(3)];
+        let apply = |v: &str, out: &str| match act {
+            "relu6" => format!("%{out} = clamp({v}, %lo, %hi)\n"),
+            a => format!("%{out} = {a}({v})\n"),
+        };
+        let mut text = format!(
+            "%x = input() name=\"x\" : f32[{n}, {c}, {h}, {w}]\n\
+             %wd = input() name=\"wd\" : f32[{e}, 1, 3, 3]\n\
+             %bd = input() name=\"bd\" : f32[{e}, 1, 1]\n\
+             %wp = input() name=\"wp\" : f32[{c_out}, {e}, 1, 1]\n\
+             %bp = input() name=\"bp\" : f32[{c_out}, 1, 1]\n\
+             %lo = constant() value=[0.0] : f32[]\n%hi = constant() value=[6.0] : f32[]\n"
+        );
+        let into_depthwise = if expand {
+            text += &format!(
+                "%we = input() name=\"we\" : f32[{e}, {c}, 1, 1]\n\
+                 %be = input() name=\"be\" : f32[{e}, 1, 1]\n\
+                 %x1 = conv2d(%x, %we) layout=nchw stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n\
+                 %x2 = add(%x1, %be)\n"
+            );
+            text += &apply("%x2", "x3");
+            "%x3"
+        } else {
+            "%x"
+        };
+        text += &format!(
+            "%d1 = conv2d({into_depthwise}, %wd) layout=nchw stride=[{stride}, {stride}] padding=[1, 1, 1, 1] dilation=[1, 1] groups={e}\n\
+             %d2 = add(%d1, %bd)\n"
+        );
+        text += &apply("%d2", "d3");
+        text += "%p1 = conv2d(%d3, %wp) layout=nchw stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n\
+                 %y = add(%p1, %bp)\noutput \"y\" = %y\n";
+        let graph = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let exe = build(&graph, Numerics::Fast);
+        assert_eq!(
+            exe.program.steps.len(),
+            1,
+            "random block {k} is one structured kernel:\n{text}"
+        );
+        let inputs = random_inputs(&graph, 7000 + k);
+        check(
+            &graph,
+            &inputs,
+            e * (c + 1) * 11 + 3,
+            &format!("random block {k}:\n{text}"),
+        );
+    }
+}
+
 /// An infinite or NaN weight beside the padding: the fast kernels multiply a padding tap by
 /// zero where the reference skips it, so such steps run on the reference, and the border
 /// outputs stay numbers where the reference's are. Plain (direct, NHWC, f64), depthwise,
