@@ -384,8 +384,15 @@ unsafe fn compute(
                 valid: dst.valid - qb,
             };
             // SAFETY: the CPU has AVX-512 (asserted); `block` checks its reads, and its writes
-            // are among those the caller vouches for.
-            unsafe { block(&x[qb..], plane, offsets, w, channels, part, &finish) };
+            // are among those the caller vouches for. A last partial block computes only the
+            // vectors its positions reach: a 7×7 image's 49 positions take 64, not 96.
+            unsafe {
+                match (dst.valid - qb).div_ceil(16) {
+                    1 => block::<1>(&x[qb..], plane, offsets, w, channels, part, &finish),
+                    2 => block::<2>(&x[qb..], plane, offsets, w, channels, part, &finish),
+                    _ => block::<NV>(&x[qb..], plane, offsets, w, channels, part, &finish),
+                }
+            };
         }
     }
 }
@@ -427,18 +434,18 @@ pub(super) struct Dst {
     pub valid: usize,
 }
 
-/// One block: output channel `o`, position `p` gets `finish(sum over channels c and taps t of
-/// w[c][t][o] * x[c * plane + offsets[t] + p])`, for `p < QB`, stored as `dst` says (its
-/// `channels` at most `OB`).
+/// One block of `V` vectors: output channel `o`, position `p` gets `finish(sum over channels c
+/// and taps t of w[c][t][o] * x[c * plane + offsets[t] + p])`, for `p < 16 V`, stored as `dst`
+/// says (its `channels` at most `OB`).
 ///
 /// # Safety
 /// The CPU must have AVX-512F and DQ, and the elements `dst` addresses must be writable and this
-/// thread's alone. `x` and `w` are checked to hold `(cg - 1) * plane + max(offsets) + QB` and
-/// `cg * taps * OB` elements.
+/// thread's alone. `x` and `w` are checked to hold `(cg - 1) * plane + max(offsets) + 16 V`
+/// and `cg * taps * OB` elements.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn block(
+unsafe fn block<const V: usize>(
     x: &[f32],
     plane: usize,
     offsets: &[usize],
@@ -448,16 +455,16 @@ unsafe fn block(
     finish: &Finish,
 ) {
     let taps = offsets.len();
-    let reach = offsets.iter().max().copied().unwrap_or(0) + QB;
+    let reach = offsets.iter().max().copied().unwrap_or(0) + 16 * V;
     assert!(x.len() >= (cg - 1) * plane + reach && w.len() >= cg * taps * OB);
-    let mut acc = [[_mm512_setzero_ps(); NV]; OB];
+    let mut acc = [[_mm512_setzero_ps(); V]; OB];
     let (xp, wp) = (x.as_ptr(), w.as_ptr());
     for c in 0..cg {
         for (t, &off) in offsets.iter().enumerate() {
             // SAFETY: in bounds by the assertions above.
             unsafe {
                 let at = xp.add(c * plane + off);
-                let xv: [__m512; NV] = std::array::from_fn(|v| _mm512_loadu_ps(at.add(16 * v)));
+                let xv: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(at.add(16 * v)));
                 let wt = wp.add((c * taps + t) * OB);
                 for (o, row) in acc.iter_mut().enumerate() {
                     let wv = _mm512_set1_ps(*wt.add(o));
@@ -483,13 +490,13 @@ unsafe fn block(
 /// thread's alone.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn store(acc: [[__m512; NV]; OB], dst: Dst, finish: &Finish) {
+unsafe fn store<const V: usize>(acc: [[__m512; V]; OB], dst: Dst, finish: &Finish) {
     // SAFETY: forwarded from the caller.
     unsafe {
-        if dst.channels == OB && dst.valid >= QB {
-            store_as::<true>(acc, dst, finish)
+        if dst.channels == OB && dst.valid >= 16 * V {
+            store_as::<true, V>(acc, dst, finish)
         } else {
-            store_as::<false>(acc, dst, finish)
+            store_as::<false, V>(acc, dst, finish)
         }
     }
 }
@@ -501,7 +508,11 @@ unsafe fn store(acc: [[__m512; NV]; OB], dst: Dst, finish: &Finish) {
 /// As for [`store`].
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn store_as<const WHOLE: bool>(acc: [[__m512; NV]; OB], dst: Dst, finish: &Finish) {
+unsafe fn store_as<const WHOLE: bool, const V: usize>(
+    acc: [[__m512; V]; OB],
+    dst: Dst,
+    finish: &Finish,
+) {
     let channels = if WHOLE { OB } else { dst.channels };
     for (o, row) in acc.iter().enumerate().take(channels) {
         for (v, a) in row.iter().enumerate() {
@@ -580,7 +591,15 @@ unsafe fn masked_block(_: &Taps, _: &[f32], _: usize, _: Dst, _: &Finish) {
 
 #[cfg(not(target_arch = "x86_64"))]
 #[allow(clippy::too_many_arguments)]
-unsafe fn block(_: &[f32], _: usize, _: &[usize], _: &[f32], _: usize, _: Dst, _: &Finish) {
+unsafe fn block<const V: usize>(
+    _: &[f32],
+    _: usize,
+    _: &[usize],
+    _: &[f32],
+    _: usize,
+    _: Dst,
+    _: &Finish,
+) {
     unreachable!("`applies` is false without AVX-512")
 }
 
