@@ -37,6 +37,16 @@ fn abs_inputs(inputs: &[(String, Array)]) -> Vec<(String, Array)> {
         .collect()
 }
 
+/// The program `text` compiles to one step in fast numerics, and [`check`]s on random inputs
+/// drawn from `seed`.
+fn check_one_step(text: &str, seed: u64, terms: usize, what: &str) {
+    let graph = parse_graph(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let exe = build(&graph, Numerics::Fast);
+    assert_eq!(exe.program.steps.len(), 1, "{what} is one step:\n{text}");
+    let inputs = random_inputs(&graph, seed);
+    check(&graph, &inputs, terms, &format!("{what}:\n{text}"));
+}
+
 /// Checks `graph` (whose every output is a sum of at most `terms` products per element) fast
 /// against the reference within `2 terms eps sum|products|`, and strict bit for bit. Returns how
 /// many fast results differ from the reference in any bit (the fast path sums in another order).
@@ -644,19 +654,11 @@ fn random_separable_blocks_match_the_reference() {
         text += &apply("%d2", "d3");
         text += "%p1 = conv2d(%d3, %wp) layout=nchw stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n\
                  %y = add(%p1, %bp)\noutput \"y\" = %y\n";
-        let graph = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        let exe = build(&graph, Numerics::Fast);
-        assert_eq!(
-            exe.program.steps.len(),
-            1,
-            "random block {k} is one structured kernel:\n{text}"
-        );
-        let inputs = random_inputs(&graph, 7000 + k);
-        check(
-            &graph,
-            &inputs,
+        check_one_step(
+            &text,
+            7000 + k,
             e * (c + 1) * 11 + 3,
-            &format!("random block {k}:\n{text}"),
+            &format!("random block {k}"),
         );
     }
 }
@@ -1040,19 +1042,6 @@ fn random_structured_matmuls_match_the_reference() {
             "%r"
         };
         text += &format!("output \"y\" = {last}\n");
-        let graph = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        let exe = build(&graph, Numerics::Fast);
-        assert_eq!(
-            exe.program.steps.len(),
-            1,
-            "random matmul {k} is one step:\n{text}"
-        );
-        let inputs = random_inputs(&graph, 5000 + k);
-        check(
-            &graph,
-            &inputs,
-            kk + 2,
-            &format!("random matmul {k}:\n{text}"),
-        );
+        check_one_step(&text, 5000 + k, kk + 2, &format!("random matmul {k}"));
     }
 }
