@@ -280,12 +280,29 @@ thread_local! {
     /// not come from fresh (page-faulting) allocations. It grows to the largest tile the thread
     /// has needed: a few MiB.
     static SCRATCH: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A second scratch, for a tile the calling thread shares with the pool's tasks while
+    /// they run (and take their own from [`SCRATCH`], the caller's included).
+    static SHARED: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` on `len` elements of this thread's scratch, contents unspecified. Not reentrant:
 /// `f` must not call it again.
 pub(crate) fn with_scratch<T: Real, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
-    SCRATCH.with(|cell| {
+    scratch_of(&SCRATCH, len, f)
+}
+
+/// [`with_scratch`] on the second scratch, which `f` may share with tasks that take the
+/// first. Not reentrant either.
+pub(crate) fn with_shared_scratch<T: Real, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    scratch_of(&SHARED, len, f)
+}
+
+fn scratch_of<T: Real, R>(
+    key: &'static std::thread::LocalKey<std::cell::RefCell<Vec<u64>>>,
+    len: usize,
+    f: impl FnOnce(&mut [T]) -> R,
+) -> R {
+    key.with(|cell| {
         let mut words = cell.borrow_mut();
         let needed = (len * std::mem::size_of::<T>()).div_ceil(8);
         if words.len() < needed {

@@ -528,6 +528,26 @@ fn structured_programs() -> Vec<(String, usize)> {
         inverted_residual("nchw", "f32", "[1, 4, 7, 7]", 1, "relu6"),
         inverted_residual("nchw", "f32", "[1, 4, 9, 6]", 2, "relu"),
         mobilenet_block("nchw", "f32", "[1, 8, 7, 9]", true, "relu6"),
+        // 1×1 convolutions of small images at batch 1, on the direct microkernel in two
+        // phases: a bias and ReLU6, and a residual then sigmoid.
+        (
+            "%x = input() name=\"x\" : f32[1, 20, 7, 7]\n\
+             %w = input() name=\"w\" : f32[13, 20, 1, 1]\n\
+             %b = input() name=\"b\" : f32[13, 1, 1]\n\
+             %lo = constant() value=[0.0] : f32[]\n%hi = constant() value=[6.0] : f32[]\n\
+             %c = conv2d(%x, %w) layout=nchw stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n\
+             %s = add(%c, %b)\n%y = clamp(%s, %lo, %hi)\noutput \"y\" = %y\n"
+                .to_string(),
+            21,
+        ),
+        (
+            "%x = input() name=\"x\" : f32[1, 9, 10, 9]\n\
+             %w = input() name=\"w\" : f32[9, 9, 1, 1]\n\
+             %c = conv2d(%x, %w) layout=nchw stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n\
+             %s = add(%c, %x)\n%y = sigmoid(%s)\noutput \"y\" = %y\n"
+                .to_string(),
+            10,
+        ),
         // Standalone depthwise convolutions of small images (MobileNet's late stages), whose
         // tasks split the channels rather than the few rows: bias and ReLU6 or sigmoid, batch
         // 1 and 2, f32 and f64, stride 1 and 2, 3×3 and 5×5.
