@@ -347,7 +347,7 @@ const PACK_ALONE: usize = 64 << 10;
 
 /// One group's output: channel `o < dst.channels` at position `q < dst.valid` gets the sum over
 /// input channels `c` and taps `t` of its packed weight times `x[c * plane + offsets[t] + q]`,
-/// plus the bias, then ReLU if asked; stored non-temporally where `stream` (the caller then
+/// plus the bias, then `act`; stored non-temporally where `stream` (the caller then
 /// fences). `block` checks that `x` holds what this reads (whole blocks of [`QB`] positions).
 ///
 /// # Safety
