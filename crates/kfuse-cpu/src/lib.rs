@@ -14,6 +14,7 @@ mod pool;
 mod simd;
 pub use launch::{launch, launch_on, storage_ptr, GRAIN};
 pub use pool::Pool;
+pub mod constants;
 pub mod conv;
 pub mod dense;
 pub mod matmul;

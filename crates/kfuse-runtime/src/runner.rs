@@ -120,6 +120,9 @@ pub struct Runner<'a> {
     numerics: Numerics,
     plan: MemoryPlan,
     slots: Vec<Option<Storage>>,
+    /// The program's constants, registered as unchanging while the runner borrows them, so
+    /// that the convolution kernels keep their packed weights between runs.
+    _constants: kfuse_cpu::constants::Registration,
 }
 
 impl<'a> Runner<'a> {
@@ -128,12 +131,18 @@ impl<'a> Runner<'a> {
     pub fn new(program: &'a Program, tiers: &'a [Option<Tier>], numerics: Numerics) -> Self {
         let plan = plan_memory(program);
         let slots = vec![None; plan.slots.len()];
+        let constants =
+            kfuse_cpu::constants::register(program.buffers.iter().filter_map(|b| match &b.kind {
+                BufferKind::Constant(a) => Some(a.storage()),
+                _ => None,
+            }));
         Runner {
             program,
             tiers,
             numerics,
             plan,
             slots,
+            _constants: constants,
         }
     }
 

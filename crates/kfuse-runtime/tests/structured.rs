@@ -683,6 +683,82 @@ fn random_separable_blocks_match_the_reference() {
     }
 }
 
+/// A runner keeps the packed copies of its program's constant weights between runs: two
+/// programs of the same shapes with different constant weights, run side by side and then
+/// compiled, run and dropped in turn (so that one's constants may take the other's freed
+/// memory), each give the reference's results every time.
+#[test]
+fn packed_constant_weights_follow_their_program() {
+    let program = |seed: u64| {
+        let mut rng = Rng::new(seed);
+        let mut values = |n: usize| {
+            (0..n)
+                .map(|_| format!("{}", rng.below(17) as f32 / 8.0 - 1.0))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        // A 3×3 convolution (the direct kernel) and a 7×7 inverted residual's 1×1 weights.
+        let text = format!(
+            "%x = input() name=\"x\" : f32[1, 4, 7, 7]\n\
+             %w = constant() value=[{}] : f32[8, 4, 3, 3]\n\
+             %c = conv2d(%x, %w) layout=nchw stride=[1, 1] padding=[1, 1, 1, 1] dilation=[1, 1] groups=1\n\
+             %we = constant() value=[{}] : f32[24, 8, 1, 1]\n\
+             %e = conv2d(%c, %we) layout=nchw stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n\
+             output \"y\" = %e\n",
+            values(8 * 4 * 9),
+            values(24 * 8)
+        );
+        parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+    };
+    let (a, b) = (program(1), program(2));
+    let inputs = random_inputs(&a, 33);
+    let want = |g: &Graph| kfuse_interp::run(g, &inputs, &CustomOps::new()).unwrap();
+    let (want_a, want_b) = (want(&a), want(&b));
+    assert_ne!(want_a[0].1, want_b[0].1, "the two programs differ");
+    let close = |got: &[(String, Array)], want: &[(String, Array)], what: &str| {
+        for i in 0..want[0].1.n_elems() {
+            let (g, w) = (got[0].1.get_f64(i), want[0].1.get_f64(i));
+            assert!(
+                (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                "{what}: y[{i}] {g} against {w}"
+            );
+        }
+    };
+    let (exe_a, exe_b) = (build(&a, Numerics::Fast), build(&b, Numerics::Fast));
+    let (mut runner_a, mut runner_b) = (exe_a.runner(), exe_b.runner());
+    for round in 0..3 {
+        runner_a.run(&inputs, &CustomOps::new()).unwrap();
+        close(
+            &runner_a.outputs(&inputs),
+            &want_a,
+            &format!("a, round {round}"),
+        );
+        runner_b.run(&inputs, &CustomOps::new()).unwrap();
+        close(
+            &runner_b.outputs(&inputs),
+            &want_b,
+            &format!("b, round {round}"),
+        );
+    }
+    for round in 0..4 {
+        let (g, want) = if round % 2 == 0 {
+            (&a, &want_a)
+        } else {
+            (&b, &want_b)
+        };
+        let exe = build(g, Numerics::Fast);
+        let mut runner = exe.runner();
+        for _ in 0..2 {
+            runner.run(&inputs, &CustomOps::new()).unwrap();
+            close(
+                &runner.outputs(&inputs),
+                want,
+                &format!("in turn, round {round}"),
+            );
+        }
+    }
+}
+
 /// An infinite or NaN weight beside the padding: the fast kernels multiply a padding tap by
 /// zero where the reference skips it, so such steps run on the reference, and the border
 /// outputs stay numbers where the reference's are. Plain (direct, NHWC, f64), depthwise,

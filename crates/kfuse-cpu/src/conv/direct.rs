@@ -37,8 +37,10 @@ use kfuse_ir::Layout;
 
 use super::shifted::Grid;
 use super::{for_each_band, for_each_band_fitted, Geometry, Post};
+use crate::constants;
 use crate::dense::{epilogue, epilogue_into, has_avx512, with_scratch, with_shared_scratch, Out};
 use crate::simd::InRegisters;
+use std::sync::Arc;
 
 /// Output channels per microkernel block.
 const OB: usize = 8;
@@ -287,7 +289,14 @@ struct Taps<'a> {
 
 /// Weights `[group][out][channel][tap]` packed per group as `[block][tap][channel][OB]`, with
 /// zeros past a group's last output channel: the order [`masked_block`] reads them in.
-fn pack_tap_major(ws: &[f32], groups: usize, og: usize, cg: usize, taps: usize) -> Vec<f32> {
+fn pack_tap_major(ws: &[f32], groups: usize, og: usize, cg: usize, taps: usize) -> Arc<Vec<f32>> {
+    constants::packed(ws, [1, groups, og, cg, taps], || {
+        pack_tap_major_afresh(ws, groups, og, cg, taps)
+    })
+}
+
+/// [`pack_tap_major`], packed now.
+fn pack_tap_major_afresh(ws: &[f32], groups: usize, og: usize, cg: usize, taps: usize) -> Vec<f32> {
     let blocks = og.div_ceil(OB);
     let k = cg * taps;
     let mut packed = vec![0.0f32; groups * blocks * k * OB];
@@ -306,8 +315,14 @@ fn pack_tap_major(ws: &[f32], groups: usize, og: usize, cg: usize, taps: usize) 
 }
 
 /// Weights `[group][out][k]` (`k` = channel × tap) packed per group as `[block][k][OB]`, with
-/// zeros past a group's last output channel.
-pub(super) fn pack(ws: &[f32], groups: usize, og: usize, k: usize) -> Vec<f32> {
+/// zeros past a group's last output channel; kept for the next call where `ws` is a registered
+/// constant ([`constants`]).
+pub(super) fn pack(ws: &[f32], groups: usize, og: usize, k: usize) -> Arc<Vec<f32>> {
+    constants::packed(ws, [0, groups, og, k, 0], || pack_afresh(ws, groups, og, k))
+}
+
+/// [`pack`], packed now.
+fn pack_afresh(ws: &[f32], groups: usize, og: usize, k: usize) -> Vec<f32> {
     let blocks = og.div_ceil(OB);
     let mut packed = vec![0.0f32; groups * blocks * k * OB];
     let pack_block = |gb: usize, out: &mut [f32]| {
