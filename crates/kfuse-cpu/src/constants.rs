@@ -6,7 +6,8 @@
 //!
 //! A registration names memory that must neither change nor be freed while it lives (the
 //! runner borrows the program whose constants it registers). Dropping it forgets the ranges
-//! and the packed copies made from them.
+//! and the packed copies made from them. The copies cost the memory of the weights they pack
+//! (rounded up to blocks of 8 output channels), for as long as the runner lives.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
