@@ -405,8 +405,8 @@ mod in_place {
     /// `rows.len() * ow` elements each, with `post`'s bias and activation.
     ///
     /// # Safety
-    /// The CPU must have AVX-512F, [`applies`] must hold, and the destination elements must
-    /// lie in one allocation and be this thread's alone.
+    /// The CPU must have AVX-512F and DQ, [`applies`] must hold, and the destination elements
+    /// must lie in one allocation and be this thread's alone.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn band(
         g: &Geometry,
@@ -712,7 +712,7 @@ mod nhwc_avx512 {
     /// `[row][col][channel]`, with `post`'s bias and activation.
     ///
     /// # Safety
-    /// The CPU must have AVX-512F; `g` must be NHWC; the `rows.len() * ow * c` elements at
+    /// The CPU must have AVX-512F and DQ; `g` must be NHWC; the `rows.len() * ow * c` elements at
     /// `dst` must lie in one allocation and be this thread's alone.
     pub(super) unsafe fn band(
         g: &Geometry,

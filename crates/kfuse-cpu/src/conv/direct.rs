@@ -656,27 +656,13 @@ fn separable_stored(
     post: Post<f32>,
     stream: bool,
 ) {
-    let taps = g.kh * g.kw;
     let fill = |n: usize,
                 band: std::ops::Range<usize>,
                 chans: std::ops::Range<usize>,
                 tile: &mut [f32],
                 plane: usize,
                 _: &mut [f32]| {
-        // Channels `chans` of image n, as an image of their own.
-        let cc = chans.len();
-        let sub = Geometry {
-            x: [1, cc, g.x[2], g.x[3]],
-            y: [1, cc, g.y[2], g.y[3]],
-            groups: cc,
-            ..*g
-        };
-        let middle = Post {
-            bias: middle.bias.map(|b| &b[chans.clone()]),
-            ..middle
-        };
-        let xs = &xs[g.x_offset(n, chans.start, 0, 0)..][..cc * g.x[2] * g.x[3]];
-        let wd = &wd[chans.start * taps..][..cc * taps];
+        let (sub, xs, wd, middle) = g.depthwise_channels(n, chans, xs, wd, middle);
         // SAFETY: the tile holds the channels' planes of `plane` elements, and is this task's.
         // The depthwise half's own bias and activation are applied as its rows are computed.
         unsafe {
