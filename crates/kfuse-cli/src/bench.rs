@@ -543,7 +543,7 @@ fn cost_model_case(
 }
 
 /// W5a's dense layer with each activation the GEMM epilogues apply (relu, sigmoid, tanh,
-/// tanh-GELU), against the layer with its bias alone: what each activation adds to the GEMM.
+/// both forms of GELU, ReLU6), against the layer with its bias alone: what each activation adds to the GEMM.
 fn activation_case(
     cache: &std::path::Path,
     runs: usize,
@@ -553,7 +553,7 @@ fn activation_case(
     let m = if quick { 64 } else { 1024 };
     let (k, n) = (1024, 4096);
     let layer = format!("%x = input() name=\"x\" : f32[{m}, {k}]\n%w = input() name=\"w\" : f32[{k}, {n}]\n%b = input() name=\"b\" : f32[{n}]\n%h = matmul(%x, %w)\n%hb = add(%h, %b)\n");
-    let activations = ["relu", "sigmoid", "tanh", "gelu_tanh", "relu6"];
+    let activations = ["relu", "sigmoid", "tanh", "gelu_tanh", "gelu", "relu6"];
     let mut programs = vec![layer.clone() + "output \"y\" = %hb\n"];
     for act in activations {
         let apply = if act == "relu6" {

@@ -39,6 +39,9 @@ pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
     fn mul_add(self, a: Self, b: Self) -> Self;
     /// The IR's `gelu_tanh` of every element (sixteen lanes at a time for f32 with AVX-512).
     fn gelu_tanh_slice(values: &mut [Self]);
+    /// The IR's `gelu` (the erf form) of every element (sixteen lanes at a time for f32 with
+    /// AVX-512).
+    fn gelu_slice(values: &mut [Self]);
     /// The IR's `sigmoid` of every element (sixteen lanes at a time for f32 with AVX-512).
     fn sigmoid_slice(values: &mut [Self]);
     /// The IR's `tanh` of every element (sixteen lanes at a time for f32 with AVX-512).
@@ -51,7 +54,7 @@ pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
 }
 
 macro_rules! real {
-    ($t:ty, $variant:ident, [$gelu_slice:expr, $sigmoid_slice:expr, $tanh_slice:expr], $f32s:expr, $f32s_mut:expr) => {
+    ($t:ty, $variant:ident, [$gelu_tanh_slice:expr, $gelu_slice:expr, $sigmoid_slice:expr, $tanh_slice:expr], $f32s:expr, $f32s_mut:expr) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -80,6 +83,9 @@ macro_rules! real {
                 <$t>::mul_add(self, a, b)
             }
             fn gelu_tanh_slice(values: &mut [Self]) {
+                $gelu_tanh_slice(values)
+            }
+            fn gelu_slice(values: &mut [Self]) {
                 $gelu_slice(values)
             }
             fn sigmoid_slice(values: &mut [Self]) {
@@ -116,6 +122,7 @@ real!(
     F32,
     [
         crate::simd::gelu_tanh_f32_slice,
+        crate::simd::gelu_f32_slice,
         crate::simd::sigmoid_f32_slice,
         crate::simd::tanh_f32_slice
     ],
@@ -129,6 +136,9 @@ real!(
         |values: &mut [f64]| values
             .iter_mut()
             .for_each(|v| *v = kfuse_math::gelu_tanh_f64(*v)),
+        |values: &mut [f64]| values
+            .iter_mut()
+            .for_each(|v| *v = kfuse_math::gelu_f64(*v)),
         |values: &mut [f64]| values
             .iter_mut()
             .for_each(|v| *v = kfuse_math::sigmoid_f64(*v)),
@@ -355,7 +365,7 @@ impl<T> Tail<'_, T> {
 }
 
 /// Applies `tail` to `values`. Results are those of the IR's `add` and activation ops, bit for
-/// bit. Bias, residual and ReLU take one pass, compiled for AVX-512 as well; the other
+/// bit (but for one input of GELU's erf form, one ULP off: see `simd.rs`). Bias, residual and ReLU take one pass, compiled for AVX-512 as well; the other
 /// activations run as a second pass of their explicit 16-lane forms ([`slice_form`]).
 pub(crate) fn epilogue<T: Real>(values: &mut [T], tail: Tail<T>) {
     if tail.is_empty() {
@@ -419,6 +429,7 @@ fn epilogue_into_body<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>) {
 fn slice_form<T: Real>(activation: Activation, values: &mut [T]) {
     match activation {
         Activation::GeluTanh => T::gelu_tanh_slice(values),
+        Activation::Gelu => T::gelu_slice(values),
         Activation::Sigmoid => T::sigmoid_slice(values),
         Activation::Tanh => T::tanh_slice(values),
         Activation::Relu => values.iter_mut().for_each(|v| *v = relu(*v)),

@@ -70,6 +70,8 @@ pub struct StructuredGroup {
 pub enum Activation {
     Relu,
     GeluTanh,
+    /// GELU's erf form, `0.5 x (1 + erf(x / sqrt 2))`.
+    Gelu,
     Sigmoid,
     Tanh,
     /// `clamp(x, lo, hi)` with constant bounds (ReLU6 is `clamp(x, 0, 6)`).
@@ -107,6 +109,7 @@ impl Activation {
         match op {
             Op::Unary(UnaryOp::Relu) => Some(Activation::Relu),
             Op::Unary(UnaryOp::GeluTanh) => Some(Activation::GeluTanh),
+            Op::Unary(UnaryOp::Gelu) => Some(Activation::Gelu),
             Op::Unary(UnaryOp::Sigmoid) => Some(Activation::Sigmoid),
             Op::Unary(UnaryOp::Tanh) => Some(Activation::Tanh),
             _ => None,
@@ -146,6 +149,7 @@ impl Activation {
         match self {
             Activation::Relu => UnaryOp::Relu.name(),
             Activation::GeluTanh => UnaryOp::GeluTanh.name(),
+            Activation::Gelu => UnaryOp::Gelu.name(),
             Activation::Sigmoid => UnaryOp::Sigmoid.name(),
             Activation::Tanh => UnaryOp::Tanh.name(),
             Activation::Clamp(_) => Op::Clamp.name(),

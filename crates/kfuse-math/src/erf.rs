@@ -3,7 +3,8 @@
 //! Coefficients come from `tools/fit_erf.py` (least squares at Chebyshev nodes against mpmath):
 //! `erf(x) = x P(x^2)` for `|x| < 1` and `erfc(y) = exp(-y^2 + Q(1/y)) / y` for `1 <= y <= 10.1`.
 
-const SMALL: [f64; 10] = [
+/// `erf(x) = x P(x^2)` for `|x| < 1`: `P`'s coefficients, lowest first.
+pub const ERF_SMALL: [f64; 10] = [
     1.128_379_167_095_491_2,
     -0.376_126_389_027_684_1,
     0.112_837_916_574_991_77,
@@ -16,7 +17,8 @@ const SMALL: [f64; 10] = [
     -1.043_961_634_936_469_5e-7,
 ];
 
-const TAIL: [f64; 17] = [
+/// `erfc(y) = exp(-y^2 + Q(1/y)) / y` for `1 <= y <= 10.1`: `Q`'s coefficients, lowest first.
+pub const ERFC_TAIL: [f64; 17] = [
     -0.572_365_332_684_851_8,
     2.009_371_029_967_584e-5,
     -0.500_454_402_371_707_6,
@@ -42,7 +44,7 @@ fn horner(coeffs: &[f64], u: f64) -> f64 {
 
 /// `erf(y)` for `|y| < 1`.
 fn erf_small(y: f64) -> f64 {
-    y * horner(&SMALL, y * y)
+    y * horner(&ERF_SMALL, y * y)
 }
 
 /// `e^t` for `-110 <= t <= 0`, to a few f64 ulps (relative error below 1e-14): Cody-Waite
@@ -54,16 +56,20 @@ fn erf_small(y: f64) -> f64 {
 /// -110 (where `erfc` is selected away) compute as -110, so nothing underflows.
 #[inline]
 fn exp_tail(t: f64) -> f64 {
-    const LN2_HI: f64 = 6.931_471_803_691_238_2e-1; // 0x3fe62e42fee00000: k * LN2_HI is exact
-    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
     let t = if t > -110.0 { t } else { -110.0 };
     let k = (t * std::f64::consts::LOG2_E).round_ties_even();
-    let r = t - k * LN2_HI - k * LN2_LO;
-    horner(&EXP_TAYLOR, r) * f64::from_bits(((k as i64 + 1023) as u64) << 52)
+    let r = t - k * ERF_LN2_HI - k * ERF_LN2_LO;
+    horner(&ERF_EXP_TAYLOR, r) * f64::from_bits(((k as i64 + 1023) as u64) << 52)
 }
 
-/// `1 / n!` for `n = 0..=11`.
-const EXP_TAYLOR: [f64; 12] = [
+/// `ln 2` split as fdlibm splits it: `k * ERF_LN2_HI` is exact for every `k` the exponential
+/// of `erfc` reduces by.
+pub const ERF_LN2_HI: f64 = 6.931_471_803_691_238_2e-1; // 0x3fe62e42fee00000
+/// The rest of `ln 2` after [`ERF_LN2_HI`].
+pub const ERF_LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+
+/// `1 / n!` for `n = 0..=11`: the Taylor series of `erfc`'s exponential.
+pub const ERF_EXP_TAYLOR: [f64; 12] = [
     1.0,
     1.0,
     0.5,
@@ -83,7 +89,7 @@ fn erfc_tail(y: f64) -> f64 {
     if y > 10.1 {
         return 0.0;
     }
-    exp_tail(-(y * y) + horner(&TAIL, 1.0 / y)) / y
+    exp_tail(-(y * y) + horner(&ERFC_TAIL, 1.0 / y)) / y
 }
 
 /// `erfc(y)` for any finite `y`.

@@ -24,7 +24,10 @@ mod rng;
 mod scalar;
 mod trig;
 
-pub use erf::{erf_f32, erf_f64, erfc_f64_of_f32, gelu_f32, gelu_f64};
+pub use erf::{
+    erf_f32, erf_f64, erfc_f64_of_f32, gelu_f32, gelu_f64, ERFC_TAIL, ERF_EXP_TAYLOR, ERF_LN2_HI,
+    ERF_LN2_LO, ERF_SMALL,
+};
 pub use exp_log::{
     exp2_f32, exp_f32, exp_f32_of_f64, expm1_f32, log1p_f32, log2_f32, log_f32, EXP_POLY_F32,
     LN2_HI_F32, LN2_LO_F32, LOG2_E_F32,

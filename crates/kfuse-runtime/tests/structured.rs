@@ -514,6 +514,7 @@ fn structured_programs() -> Vec<(String, usize)> {
         // (direct f32 NCHW with ReLU and with GELU, NHWC, f64, depthwise, separable).
         residual("nchw", "f32", "[2, 16, 7, 20]", 16, "relu"),
         residual("nchw", "f32", "[1, 8, 5, 9]", 1, "gelu_tanh"),
+        residual("nchw", "f32", "[1, 8, 6, 9]", 8, "gelu"),
         residual("nhwc", "f32", "[2, 7, 20, 16]", 1, "relu"),
         residual("nchw", "f64", "[1, 16, 6, 7]", 1, "relu"),
         residual("nchw", "f32", "[1, 8, 6, 19]", 8, "relu"),
@@ -560,6 +561,7 @@ fn structured_programs() -> Vec<(String, usize)> {
         mobilenet_block("nchw", "f32", "[1, 8, 9, 16]", false, "sigmoid"),
         mobilenet_block("nchw", "f32", "[1, 8, 7, 20]", true, ""),
         mobilenet_block("nchw", "f32", "[1, 8, 6, 11]", true, "gelu_tanh"),
+        mobilenet_block("nchw", "f32", "[1, 8, 7, 12]", false, "gelu"),
         mobilenet_block("nhwc", "f32", "[2, 9, 11, 8]", true, "relu"),
         mobilenet_block("nhwc", "f32", "[1, 7, 5, 8]", false, "tanh"),
         mobilenet_block("nchw", "f64", "[1, 8, 9, 13]", true, "relu"),
@@ -950,6 +952,27 @@ fn structured_matmuls_match_the_reference() {
              %h = matmul(%x, %w)\n%y = gelu_tanh(%h)\noutput \"y\" = %y\n",
             7,
         ),
+        // GELU's erf form: over blocks of columns, over rows, on the GEMV path, in f64.
+        (
+            "%x = input() name=\"x\" : f32[40, 33]\n%w = input() name=\"w\" : f32[33, 300]\n%b = input() name=\"b\" : f32[300]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = gelu(%s)\noutput \"y\" = %y\n",
+            34,
+        ),
+        (
+            "%x = input() name=\"x\" : f32[9, 21]\n%w = input() name=\"w\" : f32[21, 13]\n%b = input() name=\"b\" : f32[13]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = gelu(%s)\noutput \"y\" = %y\n",
+            22,
+        ),
+        (
+            "%x = input() name=\"x\" : f32[1, 50]\n%w = input() name=\"w\" : f32[50, 70]\n\
+             %h = matmul(%x, %w)\n%y = gelu(%h)\noutput \"y\" = %y\n",
+            50,
+        ),
+        (
+            "%x = input() name=\"x\" : f64[3, 17]\n%w = input() name=\"w\" : f64[17, 130]\n%b = input() name=\"b\" : f64[130]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = gelu(%s)\noutput \"y\" = %y\n",
+            18,
+        ),
     ];
     for (k, (text, terms)) in programs.iter().enumerate() {
         let graph = parse_graph(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
@@ -1124,7 +1147,8 @@ fn random_structured_matmuls_match_the_reference() {
         } else {
             "%s"
         };
-        let activation = ["relu", "gelu_tanh", "sigmoid", "tanh", "clamp", ""][rng.below(6)];
+        let activation =
+            ["relu", "gelu_tanh", "gelu", "sigmoid", "tanh", "clamp", ""][rng.below(7)];
         let last = if activation.is_empty() {
             sum
         } else if activation == "clamp" {
