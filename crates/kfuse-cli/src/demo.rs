@@ -1,10 +1,13 @@
-//! `kfuse demo`: a small classifier head, written in the .kf text form, run on built-in data.
+//! `kfuse demo`: a small classifier head, written in the .kf text form, run on built-in data:
+//! by the reference interpreter, then as fused kernels (the plan and its reasons, the
+//! kernels compiled, their results checked against the reference in both numerics modes),
+//! then timed against the reference on a batch large enough to measure.
 
 use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result};
-use kfuse::{Array, Context, CustomOps, DType};
+use kfuse::{Array, Context, CustomOps, DType, FixedCostModel, FusePolicy, Numerics};
 
 /// Layer norm, a GELU dense layer, a dense layer, then softmax and argmax: the kind of graph the
 /// fusion compiler turns into a handful of kernels.
@@ -52,6 +55,91 @@ fn preview(array: &Array) -> String {
     format!("[{}{more}]", items.join(", "))
 }
 
+/// Rows of the timed batch.
+const TIMED_ROWS: usize = 65_536;
+
+/// The demo's inputs for `rows` feature vectors.
+fn inputs(cx: &Context, rows: usize) -> Result<Vec<(String, Array)>> {
+    Ok(vec![
+        ("x".to_string(), data(cx, &[rows, 16], 1.0)?),
+        (
+            "gamma".to_string(),
+            (cx.ones(DType::F32, &[16]) + cx.randn(DType::F32, &[16]) * 0.1).to_array()?,
+        ),
+        ("w1".to_string(), data(cx, &[16, 32], 0.25)?),
+        ("b1".to_string(), data(cx, &[32], 0.1)?),
+        ("w2".to_string(), data(cx, &[32, 4], 0.2)?),
+    ])
+}
+
+/// Compiles `graph` in `numerics` with the cost model's fusion and the fixed cost model (so
+/// that the plan shown is the same on every machine).
+fn compile(graph: &kfuse::Graph, numerics: Numerics) -> Result<kfuse::Executable> {
+    let options = kfuse::Options {
+        numerics,
+        ..kfuse::Options::default()
+    };
+    Ok(kfuse::compile(graph, &options, &FixedCostModel::default())?)
+}
+
+/// One line on how an executable's steps run.
+fn tiers(exe: &kfuse::Executable) -> String {
+    let kernels = exe.tiers.iter().flatten().count();
+    let compiled = exe
+        .tiers
+        .iter()
+        .flatten()
+        .filter(|t| matches!(t, kfuse::Tier::Compiled { .. }))
+        .count();
+    let cached = exe
+        .tiers
+        .iter()
+        .flatten()
+        .filter(|t| matches!(t, kfuse::Tier::Compiled { cached: true, .. }))
+        .count();
+    let mut line = format!(
+        "{} step(s): {kernels} fused kernel(s), {compiled} as compiled C ({cached} from the cache), {} on the tile interpreter, {} structured or library step(s); compiled in {:.3} s",
+        exe.tiers.len(),
+        kernels - compiled,
+        exe.tiers.len() - kernels,
+        exe.compile_seconds
+    );
+    for (step, tier) in exe.tiers.iter().enumerate() {
+        if let Some(kfuse::Tier::Tile { reason }) = tier {
+            line += &format!("\n  step {step} runs on the tile interpreter: {reason}");
+        }
+    }
+    line
+}
+
+/// The largest difference between two runs' float outputs, and whether every element has
+/// the same bits (NaNs alike).
+fn compare(a: &[(String, Array)], b: &[(String, Array)]) -> (f64, bool) {
+    let mut worst = 0.0f64;
+    let mut same = true;
+    for ((_, x), (_, y)) in a.iter().zip(b) {
+        for i in 0..x.n_elems().min(y.n_elems()) {
+            let (u, v) = (x.get_f64(i), y.get_f64(i));
+            same &= u.to_bits() == v.to_bits() || (u.is_nan() && v.is_nan());
+            worst = worst.max((u - v).abs());
+        }
+        same &= x.n_elems() == y.n_elems();
+    }
+    (worst, same)
+}
+
+/// The median of `runs` timings of `f`, in milliseconds.
+fn median_ms(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let start = Instant::now();
+        f()?;
+        times.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[runs / 2])
+}
+
 pub fn demo(output_dir: Option<&Path>) -> Result<()> {
     let text = DEMO_PROGRAM;
     let graph = kfuse::parse_graph(text).map_err(|e| anyhow::anyhow!(e.in_file("<demo>")))?;
@@ -61,16 +149,7 @@ pub fn demo(output_dir: Option<&Path>) -> Result<()> {
 
     let cx = Context::new();
     cx.set_seed(2026);
-    let inputs = vec![
-        ("x".to_string(), data(&cx, &[8, 16], 1.0)?),
-        (
-            "gamma".to_string(),
-            (cx.ones(DType::F32, &[16]) + cx.randn(DType::F32, &[16]) * 0.1).to_array()?,
-        ),
-        ("w1".to_string(), data(&cx, &[16, 32], 0.25)?),
-        ("b1".to_string(), data(&cx, &[32], 0.1)?),
-        ("w2".to_string(), data(&cx, &[32, 4], 0.2)?),
-    ];
+    let inputs = inputs(&cx, 8)?;
     println!("\n== built-in inputs (seeded normal data) ==");
     for (name, array) in &inputs {
         println!("{name:6} {:12} {}", array.ty().to_string(), preview(array));
@@ -114,6 +193,65 @@ pub fn demo(output_dir: Option<&Path>) -> Result<()> {
         best as i64 == c[row]
     });
     println!("check: every row of probs sums to 1 within {worst:.1e}; argmax agrees with probs: {consistent}");
+
+    println!("\n== fusion plan (`kfuse explain`: cost model, fixed coefficients) ==");
+    print!(
+        "{}",
+        crate::explain::explain(
+            &graph,
+            FusePolicy::Cost,
+            &FixedCostModel::default(),
+            false,
+            None
+        )?
+    );
+
+    println!("\n== compiled runs, checked against the reference interpreter ==");
+    for numerics in [Numerics::Strict, Numerics::Fast] {
+        let exe = compile(&graph, numerics)?;
+        let (fused, _) = exe
+            .run(&inputs, &CustomOps::new())
+            .map_err(kfuse::Error::from)?;
+        let (diff, same) = compare(&outputs, &fused);
+        println!("{} numerics: {}", numerics.name(), tiers(&exe));
+        if numerics == Numerics::Strict {
+            println!("  outputs bit-identical to the reference: {same}");
+        } else {
+            println!(
+                "  largest difference from the reference: {diff:.1e} (fast numerics contracts and reassociates)"
+            );
+        }
+    }
+
+    let rows = TIMED_ROWS;
+    println!(
+        "\n== timed: the same head on {rows} rows (median of 5 runs; compiled: fast numerics, {} threads) ==",
+        kfuse::cpu::Pool::global().threads()
+    );
+    let big_text = text.replace("f32[8, 16]", &format!("f32[{rows}, 16]"));
+    let big = kfuse::parse_graph(&big_text).map_err(|e| anyhow::anyhow!(e.in_file("<demo>")))?;
+    let big_inputs = self::inputs(&cx, rows)?;
+    let exe = compile(&big, Numerics::Fast)?;
+    let mut runner = exe.runner();
+    let custom = CustomOps::new();
+    runner
+        .run(&big_inputs, &custom)
+        .map_err(kfuse::Error::from)?;
+    let fused_ms = median_ms(5, || {
+        runner
+            .run(&big_inputs, &custom)
+            .map(|_| ())
+            .map_err(|e| kfuse::Error::from(e).into())
+    })?;
+    let reference_ms = median_ms(5, || {
+        kfuse::run_graph(&big, &big_inputs, &custom)
+            .map(|_| ())
+            .map_err(Into::into)
+    })?;
+    println!(
+        "reference interpreter (op by op): {reference_ms:.2} ms; fused kernels: {fused_ms:.2} ms ({:.1}x faster)",
+        reference_ms / fused_ms
+    );
     if let Some(dir) = output_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         std::fs::write(dir.join("demo.kf"), text)

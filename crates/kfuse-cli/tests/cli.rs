@@ -130,6 +130,25 @@ fn demo_runs_and_checks_itself() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("argmax agrees with probs: true"), "{text}");
+    // The plan, with the GELU in the first matmul's epilogue; the compiled runs checked
+    // against the reference; the timed comparison.
+    assert!(text.contains("policy cost; 5 kernel(s)"), "{text}");
+    assert!(
+        text.contains("add %15 + gelu %16 applied to each output tile"),
+        "{text}"
+    );
+    assert!(
+        text.contains("strict numerics: 5 step(s)")
+            && text.contains("outputs bit-identical to the reference: true"),
+        "{text}"
+    );
+    let fast = text
+        .lines()
+        .find_map(|l| l.strip_prefix("  largest difference from the reference: "))
+        .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
+        .expect("the fast run's difference");
+    assert!(fast < 1e-5, "{text}");
+    assert!(text.contains("fused kernels: "), "{text}");
     // What the demo wrote runs again through `kfuse run`, compiled in strict mode, to bit-identical
     // results.
     let mut args = vec![
