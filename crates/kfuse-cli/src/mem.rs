@@ -418,7 +418,9 @@ fn status_prometheus(s: &Snapshot, r: &Rates) -> String {
     for (knob, value) in &s.settings {
         e.sample("kfuse_ksm_knob", &[("knob", knob.file())], *value as f64);
     }
-    let per_process: [(&str, &str, fn(&ProcessKsm) -> f64); 2] = [
+    // Each per-process family: its name, its help text and the value of one process.
+    type Family = (&'static str, &'static str, fn(&ProcessKsm) -> f64);
+    let per_process: [Family; 2] = [
         (
             "kfuse_ksm_process_merging_pages",
             "Pages of a process mapping KSM pages",

@@ -440,9 +440,9 @@ fn plan_passes(kernel: &Kernel, levels: &[Level], roots: &[Vec<InstId>]) -> Pass
             passes.compute[p][i] = true;
             stack.extend(kernel.insts[i].operands());
         }
-        for i in 0..n {
-            if passes.compute[p][i] && first_pass[i].is_none() {
-                first_pass[i] = Some(p);
+        for (i, first) in first_pass.iter_mut().enumerate() {
+            if passes.compute[p][i] && first.is_none() {
+                *first = Some(p);
             }
         }
     }
@@ -471,7 +471,7 @@ fn pass_body_packed(
     indent: &str,
 ) -> Result<String, Unsupported> {
     let mut body = String::new();
-    for k in 0..kernel.insts.len() {
+    for (k, &inst) in kernel.insts.iter().enumerate() {
         if passes.compute[p][k] && packed.iter().any(|pk| pk.load == k) {
             writeln!(
                 body,
@@ -484,11 +484,11 @@ fn pass_body_packed(
             writeln!(
                 body,
                 "{indent}{} v{k} = scratch{k}[j];",
-                ctype(kernel.insts[k].dtype)
+                ctype(inst.dtype)
             )
             .unwrap();
         } else if passes.compute[p][k] {
-            if let (Some(_), InstKind::Store { value, .. }) = (staged[k], kernel.insts[k].kind) {
+            if let (Some(_), InstKind::Store { value, .. }) = (staged[k], inst.kind) {
                 writeln!(body, "{indent}stage{k}[j - jb] = {};", v(value)).unwrap();
                 continue;
             }
@@ -949,11 +949,10 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         ("j_lo", "j_hi")
     };
     let mut pass = 0;
-    for i in 0..kernel.insts.len() {
-        if levels[i] == Level::Inner {
+    for (i, (&inst, &level)) in kernel.insts.iter().zip(&levels).enumerate() {
+        if level == Level::Inner {
             continue;
         }
-        let inst = kernel.insts[i];
         if let InstKind::Reduce { op, value } = inst.kind {
             let body = pass_body(kernel, &passes, pass, &staged, "                ")?;
             let vp = vector_reduction(op, inst.dtype, kernel.inst(value).dtype)

@@ -19,11 +19,10 @@ fn split_offsets(shape: &Shape, axes: &[usize]) -> (Vec<usize>, Vec<usize>) {
     let strides = shape.strides();
     let offsets_over = |selected: &dyn Fn(usize) -> bool| {
         let mut offsets = vec![0usize];
-        for axis in 0..shape.rank() {
+        for (axis, (&dim, &stride)) in shape.dims().iter().zip(&strides).enumerate() {
             if !selected(axis) {
                 continue;
             }
-            let (dim, stride) = (shape.dims()[axis], strides[axis]);
             offsets = offsets
                 .iter()
                 .flat_map(|&o| (0..dim).map(move |i| o + i * stride))

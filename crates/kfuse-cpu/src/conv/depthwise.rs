@@ -734,6 +734,8 @@ mod in_place {
                     }
                 };
                 let (a, b, c) = (load(0), load(1), load(2));
+                // The tap column picks a weight from each output row's filter row.
+                #[allow(clippy::needless_range_loop)]
                 for j in 0..KW {
                     // SAFETY: the kernel is compiled for AVX-512F.
                     let v = unsafe { shifted(a, b, c, j as isize - (KW / 2) as isize) };
