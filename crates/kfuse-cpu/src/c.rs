@@ -481,12 +481,7 @@ fn pass_body_packed(
             continue;
         }
         if passes.reload[p][k] {
-            writeln!(
-                body,
-                "{indent}{} v{k} = scratch{k}[j];",
-                ctype(inst.dtype)
-            )
-            .unwrap();
+            writeln!(body, "{indent}{} v{k} = scratch{k}[j];", ctype(inst.dtype)).unwrap();
         } else if passes.compute[p][k] {
             if let (Some(_), InstKind::Store { value, .. }) = (staged[k], inst.kind) {
                 writeln!(body, "{indent}stage{k}[j - jb] = {};", v(value)).unwrap();

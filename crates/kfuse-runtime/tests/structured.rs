@@ -529,6 +529,15 @@ fn structured_programs() -> Vec<(String, usize)> {
         inverted_residual("nchw", "f32", "[1, 4, 7, 7]", 1, "relu6"),
         inverted_residual("nchw", "f32", "[1, 4, 9, 6]", 2, "relu"),
         mobilenet_block("nchw", "f32", "[1, 8, 7, 9]", true, "relu6"),
+        // Small images at larger batches, several whole images per task side by side in one
+        // tile: groups of three 7×7 images with the skip connection after the projection;
+        // 3×2 outputs at stride 2 in groups of two, the last group one image; 3×5 separable
+        // blocks in groups of three and one; 4×4 images (whole blocks of positions already),
+        // one per task.
+        inverted_residual("nchw", "f32", "[6, 4, 7, 7]", 1, "relu6"),
+        inverted_residual("nchw", "f32", "[5, 4, 5, 3]", 2, "sigmoid"),
+        mobilenet_block("nchw", "f32", "[7, 8, 3, 5]", true, "relu"),
+        mobilenet_block("nchw", "f32", "[4, 8, 4, 4]", true, "relu6"),
         // 1×1 convolutions of small images at batch 1, on the direct microkernel in two
         // phases: a bias and ReLU6, and a residual then sigmoid.
         (
@@ -631,15 +640,15 @@ fn structured_convolutions_match_the_reference() {
 }
 
 /// Random MobileNet blocks, f32 NCHW: with or without the expansion, odd channel counts (runs
-/// of channels that end off a block of 8), images from 1×1 up, batch 1 or 2, stride 1 or 2,
-/// ReLU6, ReLU or sigmoid, so that both the one-task bands and the two-phase bands of small
-/// images run, against the reference.
+/// of channels that end off a block of 8), images from 1×1 up, batch 1 to 5, stride 1 or 2,
+/// ReLU6, ReLU or sigmoid, so that the one-task bands, the two-phase bands of small images
+/// and the groups of small whole images all run, against the reference.
 #[test]
 fn random_separable_blocks_match_the_reference() {
     let mut rng = Rng::new(2026);
     for k in 0..40u64 {
         let pick = |rng: &mut Rng, n: usize| 1 + rng.below(n);
-        let (n, c, c_out) = (pick(&mut rng, 2), pick(&mut rng, 12), pick(&mut rng, 20));
+        let (n, c, c_out) = (pick(&mut rng, 5), pick(&mut rng, 12), pick(&mut rng, 20));
         let (h, w) = (pick(&mut rng, 15), pick(&mut rng, 15));
         let stride = pick(&mut rng, 2);
         let expand = rng.below(2) == 0;

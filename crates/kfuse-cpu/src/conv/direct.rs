@@ -846,7 +846,11 @@ type Extra<'a> = dyn Fn(&std::ops::Range<usize>, usize) -> usize + Sync + 'a;
 ///
 /// Each band is one task where there are more bands than threads. Otherwise (a small image at
 /// batch 1) each band runs in two phases over all the threads: the tile's channels split
-/// between them, then the output channels.
+/// between them, then the output channels. Small whole images at a batch of at least twice the
+/// threads run several to a task (as many as the tiles hold, at most four blocks of positions
+/// and half the batch per thread), their positions side by side in one tile, the projection
+/// staged and copied out image by image: MobileNetV2's 7×7 block (160 channels expanded to
+/// 960) at batch 8, 872–882 → 825–834 µs, at batch 32 3565–3577 → 3308–3364 µs.
 #[allow(clippy::too_many_arguments)]
 fn pointwise_bands(
     [n_images, c, oh, ow]: [usize; 4],
@@ -910,6 +914,45 @@ fn pointwise_bands(
                 }
             }
         };
+    // All output channels of `count` whole images from `first`, from a tile holding their
+    // positions side by side (`q_blocks` per channel), through `staged` (`c_out × q_blocks`).
+    let project_group =
+        |first: usize, count: usize, tile: &[f32], q_blocks: usize, staged: &mut [f32]| {
+            let per_image = oh * ow;
+            let p = count * per_image;
+            let dst = Dst {
+                ptr: staged.as_mut_ptr(),
+                stride: q_blocks,
+                channels: c_out,
+                valid: p,
+            };
+            // SAFETY: `staged` holds `c_out` rows of `q_blocks`, and is this task's.
+            unsafe {
+                compute(
+                    tile,
+                    q_blocks,
+                    &[0],
+                    &packed,
+                    dst,
+                    in_registers.bias,
+                    InRegisters::of(in_registers.act),
+                    false,
+                )
+            };
+            for i in 0..count {
+                let n = first + i;
+                for co in 0..c_out {
+                    let at = (n * c_out + co) * per_image;
+                    // SAFETY: image n's rows are this task's.
+                    let row =
+                        unsafe { std::slice::from_raw_parts_mut(out.ptr().add(at), per_image) };
+                    row.copy_from_slice(&staged[co * q_blocks + i * per_image..][..per_image]);
+                    if !rest.is_empty() {
+                        epilogue(row, rest.channel(co, at, per_image));
+                    }
+                }
+            }
+        };
     // The tile's planes, whole blocks of positions, zero past the band's.
     let zero_tails = |tile: &mut [f32], p: usize, q_blocks: usize| {
         for plane in tile.chunks_mut(q_blocks) {
@@ -937,6 +980,35 @@ fn pointwise_bands(
         .max(least)
         .min(oh.max(1));
     let bands = oh.div_ceil(rows);
+    // Small whole images, several per task: their positions side by side in one tile, so that
+    // the microkernel's blocks of positions run across images instead of ending partly empty
+    // at every image's end (a 7×7 image's 49 positions took 64).
+    let per_image = oh * ow;
+    let group = (super::TILE_BYTES / (oh * row_bytes).max(1))
+        .min(n_images / pool.threads())
+        .min(4 * QB / per_image.max(1));
+    if bands == 1 && group > 1 && !per_image.is_multiple_of(16) {
+        let groups = n_images.div_ceil(group);
+        let q_blocks = (group * per_image).div_ceil(QB) * QB;
+        let extra_len = extra(&(0..oh), c);
+        return pool.run(groups, &|t| {
+            let images = t * group..((t + 1) * group).min(n_images);
+            let p = images.len() * per_image;
+            with_scratch(
+                c * q_blocks + c_out * q_blocks + extra_len,
+                |scratch: &mut [f32]| {
+                    let (tile, rest_of_scratch) = scratch.split_at_mut(c * q_blocks);
+                    let (staged, extra_scratch) = rest_of_scratch.split_at_mut(c_out * q_blocks);
+                    zero_tails(tile, p, q_blocks);
+                    for (i, n) in images.clone().enumerate() {
+                        let at = &mut tile[i * per_image..];
+                        fill(n, 0..oh, 0..c, at, q_blocks, extra_scratch);
+                    }
+                    project_group(images.start, images.len(), tile, q_blocks, staged);
+                },
+            )
+        });
+    }
     if n_images * bands > pool.threads() {
         return super::for_each_band_fitted(n_images, oh, row_bytes, |rows| rows.max(least), &job);
     }
