@@ -351,6 +351,11 @@ fn structured_head(graph: &Graph, group: &kfuse::fusion::StructuredGroup) -> Str
     if let Some(a) = group.bias_add {
         epilogue.push(format!("per-channel bias add %{}", a.0));
     }
+    if let Some(m) = group.scale_mul {
+        let per_column = group.scale.is_some_and(|s| graph.ty(s).shape.n_elems() > 1);
+        let kind = if per_column { "per-column" } else { "scalar" };
+        epilogue.push(format!("{kind} scale mul %{}", m.0));
+    }
     if let Some(a) = group.residual_add {
         epilogue.push(format!("residual add %{}", a.0));
     }

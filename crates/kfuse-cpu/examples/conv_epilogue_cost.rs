@@ -33,6 +33,7 @@ fn main() {
     let mut y2 = Storage::F32(vec![0.0; n * c * hw * hw]);
     let ep = Epilogue {
         bias: Some(&b),
+        scale: None,
         residual: None,
         activation: Some(Activation::Relu),
     };

@@ -58,6 +58,9 @@ struct Post<'a, T> {
 impl<'a, T: Real> Post<'a, T> {
     /// Checks the epilogue's operands against the output (`channels`, `elems`) and types them.
     fn new(epilogue: &Epilogue<'a>, channels: usize, elems: usize) -> Result<Self, String> {
+        if epilogue.scale.is_some() {
+            return Err("a scale epilogue is fused only after a matmul".to_string());
+        }
         Ok(Post {
             bias: epilogue_operand(epilogue.bias, channels, "bias")?,
             residual: epilogue_operand(epilogue.residual, elems, "residual")?,
@@ -85,6 +88,7 @@ impl<'a, T: Real> Post<'a, T> {
             bias: self
                 .bias
                 .map_or(RowBias::None, |b| RowBias::Same(b[channel])),
+            scale: RowBias::None,
             residual: self.residual.map(|r| &r[at..][..len]),
             activation: self.act,
         }
@@ -97,6 +101,7 @@ impl<'a, T: Real> Post<'a, T> {
             bias: self
                 .bias
                 .map_or(RowBias::None, |b| RowBias::Each(&b[channels.clone()])),
+            scale: RowBias::None,
             residual: self.residual.map(|r| &r[at..][..channels.len()]),
             activation: self.act,
         }

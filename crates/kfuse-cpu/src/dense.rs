@@ -17,6 +17,8 @@ pub struct View<'a> {
 pub struct Epilogue<'a> {
     /// One value per output channel, added.
     pub bias: Option<&'a Storage>,
+    /// Then one value per output column, or one value, multiplied (matmuls only).
+    pub scale: Option<&'a Storage>,
     /// Then a residual of the output's shape and dtype, added.
     pub residual: Option<&'a Storage>,
     /// Then this activation, computed as the IR's op computes it (`kfuse-math`'s definitions,
@@ -349,18 +351,56 @@ pub(crate) enum RowBias<'a, T> {
 }
 
 /// What is applied to a run of output values after the product, in the IR's order: the bias,
-/// then the residual, then the activation.
+/// then the scale, then the residual, then the activation.
 #[derive(Clone, Copy)]
 pub(crate) struct Tail<'a, T> {
     pub bias: RowBias<'a, T>,
+    /// A factor, multiplied after the bias (the same kinds of run as the bias).
+    pub scale: RowBias<'a, T>,
     /// One value per element of the run (a skip connection), added after the bias.
     pub residual: Option<&'a [T]>,
     pub activation: Option<Activation>,
 }
 
+/// `values[i] *= factor` (the IR's `mul`) for the run's factors.
+fn scale_run<T: Real>(values: &mut [T], factor: RowBias<T>) {
+    match factor {
+        RowBias::None => {}
+        RowBias::Same(s) => values.iter_mut().for_each(|v| *v = v.mul(s)),
+        RowBias::Each(s) => values.iter_mut().zip(s).for_each(|(v, &s)| *v = v.mul(s)),
+    }
+}
+
+impl<'a, T: Copy> Tail<'a, T> {
+    /// The parts before and after the scale: the bias alone, then the residual and the
+    /// activation.
+    fn split_at_scale(self) -> (Tail<'a, T>, Tail<'a, T>) {
+        let none = Tail {
+            bias: RowBias::None,
+            scale: RowBias::None,
+            residual: None,
+            activation: None,
+        };
+        (
+            Tail {
+                bias: self.bias,
+                ..none
+            },
+            Tail {
+                residual: self.residual,
+                activation: self.activation,
+                ..none
+            },
+        )
+    }
+}
+
 impl<T> Tail<'_, T> {
     fn is_empty(&self) -> bool {
-        matches!(self.bias, RowBias::None) && self.residual.is_none() && self.activation.is_none()
+        matches!(self.bias, RowBias::None)
+            && matches!(self.scale, RowBias::None)
+            && self.residual.is_none()
+            && self.activation.is_none()
     }
 }
 
@@ -370,6 +410,13 @@ impl<T> Tail<'_, T> {
 pub(crate) fn epilogue<T: Real>(values: &mut [T], tail: Tail<T>) {
     if tail.is_empty() {
         return;
+    }
+    if !matches!(tail.scale, RowBias::None) {
+        // A scale: the bias, the factor, then the rest, each a pass over the run (in cache).
+        let (before, after) = tail.split_at_scale();
+        epilogue(values, before);
+        scale_run(values, tail.scale);
+        return epilogue(values, after);
     }
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
@@ -389,6 +436,13 @@ fn epilogue_avx512<T: Real>(values: &mut [T], tail: Tail<T>) {
 pub(crate) fn epilogue_into<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>) {
     if tail.is_empty() {
         return dst.copy_from_slice(src);
+    }
+    if !matches!(tail.scale, RowBias::None) {
+        let (before, after) = tail.split_at_scale();
+        epilogue_into(dst, src, before);
+        let n = src.len().min(dst.len());
+        scale_run(&mut dst[..n], tail.scale);
+        return epilogue(&mut dst[..n], after);
     }
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {

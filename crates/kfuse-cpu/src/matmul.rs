@@ -26,6 +26,15 @@ pub fn supported(dtype: DType) -> bool {
 /// source `[..., K, M]` (or `[..., N, K]`) and read through swapped strides. The epilogue (a
 /// bias per column, a residual of the output's shape, an activation) is applied to each task's
 /// block right after its GEMM. One-row products take a GEMV path.
+/// The scale factors of columns `cols`: the one factor for all, or each column's.
+fn factors<T: Copy>(scale: Option<&[T]>, cols: std::ops::Range<usize>) -> RowBias<'_, T> {
+    match scale {
+        None => RowBias::None,
+        Some(&[s]) => RowBias::Same(s),
+        Some(s) => RowBias::Each(&s[cols]),
+    }
+}
+
 pub fn matmul(
     a: View,
     b: View,
@@ -93,7 +102,8 @@ pub fn matmul(
     // split, and the pass follows on each task's rows.
     let elem = a.storage.dtype().size_bytes();
     let large = threads > 1 && m * n * k >= 1 << 22;
-    let pass = epilogue.activation.is_some() || epilogue.residual.is_some();
+    let pass =
+        epilogue.activation.is_some() || epilogue.residual.is_some() || epilogue.scale.is_some();
     let by_cache = (TILE_BYTES / (m.max(1) * elem)) / 64 * 64;
     let block_cols = if (large || pass) && m > 1 && n >= 128 && by_cache >= 64 {
         let by_balance = n.div_ceil(threads.max(1)).div_ceil(64) * 64;
@@ -129,6 +139,8 @@ pub fn matmul(
         oa: &'a [usize],
         ob: &'a [usize],
         bias: Option<&'a [T]>,
+        /// One factor per column, or one for all, multiplied after the bias.
+        scale: Option<&'a [T]>,
         /// The whole output's worth of residual values, added after the bias.
         residual: Option<&'a [T]>,
         activation: Option<Activation>,
@@ -145,6 +157,7 @@ pub fn matmul(
             oa,
             ob,
             bias,
+            scale,
             residual,
             activation,
         } = *plan;
@@ -175,7 +188,7 @@ pub fn matmul(
                 // With an activation or a residual to apply in a pass over the output anyway,
                 // the bias joins that pass; otherwise it is pre-filled into the GEMM's
                 // destination.
-                let pass = activation.is_some() || residual.is_some();
+                let pass = activation.is_some() || residual.is_some() || scale.is_some();
                 let bias_in_pass = pass && !gemv_path;
                 if gemv_path {
                     gemv(k, n, lhs, a_cs, rhs, at, bias);
@@ -210,6 +223,7 @@ pub fn matmul(
                         let row = std::slice::from_raw_parts_mut(dst.ptr().add(first), c1 - c0);
                         let tail = Tail {
                             bias: row_bias,
+                            scale: factors(scale, c0..c1),
                             residual: residual.map(|res| &res[first..][..c1 - c0]),
                             activation,
                         };
@@ -235,6 +249,15 @@ pub fn matmul(
                 oa: &oa,
                 ob: &ob,
                 bias: epilogue_operand(epilogue.bias, n, "bias")?,
+                scale: epilogue_operand(
+                    epilogue.scale,
+                    if epilogue.scale.is_some_and(|s| s.len() == 1) {
+                        1
+                    } else {
+                        n
+                    },
+                    "scale",
+                )?,
                 residual: epilogue_operand(epilogue.residual, out_elems, "residual")?,
                 activation: epilogue.activation,
             }
@@ -249,6 +272,7 @@ pub fn matmul(
                 for (i, row) in $c.chunks_mut(n).enumerate() {
                     let tail = Tail {
                         bias: plan.bias.map_or(RowBias::None, RowBias::Each),
+                        scale: factors(plan.scale, 0..n),
                         residual: plan.residual.map(|r| &r[i * n..][..n]),
                         activation: plan.activation,
                     };

@@ -1,4 +1,4 @@
-//! The fast routines check their epilogue operands (bias, residual) and say what is wrong,
+//! The fast routines check their epilogue operands (bias, scale, residual) and say what is wrong,
 //! instead of reading out of bounds or misreading another dtype.
 
 use kfuse_cpu::dense::{Activation, Epilogue, View};
@@ -61,13 +61,24 @@ fn good_operands_are_accepted() {
     let (bias, residual) = (Storage::F32(vec![0.5; 4]), Storage::F32(vec![1.0; 8]));
     let epilogue = Epilogue {
         bias: Some(&bias),
+        scale: None,
         residual: Some(&residual),
         activation: Some(Activation::Relu),
     };
     matmul(&epilogue).unwrap();
+    // A scale: one factor per column, or one for all.
+    for factors in [Storage::F32(vec![2.0; 4]), Storage::F32(vec![2.0])] {
+        let epilogue = Epilogue {
+            bias: Some(&bias),
+            scale: Some(&factors),
+            ..Epilogue::default()
+        };
+        matmul(&epilogue).unwrap();
+    }
     let (bias, residual) = (Storage::F32(vec![0.5; 3]), Storage::F32(vec![1.0; 75]));
     let epilogue = Epilogue {
         bias: Some(&bias),
+        scale: None,
         residual: Some(&residual),
         activation: Some(Activation::GeluTanh),
     };
@@ -78,7 +89,8 @@ fn good_operands_are_accepted() {
 fn wrong_operands_are_errors_that_name_them() {
     let short = Storage::F32(vec![0.0; 2]);
     let wrong_dtype = Storage::F64(vec![0.0; 8]);
-    let cases: [(Routine, Epilogue, &str); 4] = [
+    let three = Storage::F32(vec![0.0; 3]);
+    let cases: [(Routine, Epilogue, &str); 6] = [
         (
             matmul,
             Epilogue {
@@ -110,6 +122,22 @@ fn wrong_operands_are_errors_that_name_them() {
                 ..Epilogue::default()
             },
             "the residual has 2 values where 75",
+        ),
+        (
+            matmul,
+            Epilogue {
+                scale: Some(&three),
+                ..Epilogue::default()
+            },
+            "the scale has 3 values where 4",
+        ),
+        (
+            conv,
+            Epilogue {
+                scale: Some(&three),
+                ..Epilogue::default()
+            },
+            "a scale epilogue is fused only after a matmul",
         ),
     ];
     for (run, epilogue, want) in cases {

@@ -11,7 +11,8 @@
 //! ```
 //!
 //! A matmul forms the same kind of group: operands that are transposes of the last two axes
-//! are read in place through the GEMM's strides (never materialized), and a per-column bias and
+//! are read in place through the GEMM's strides (never materialized), and a per-column bias, a
+//! scale (one factor per column, or one for all: LayerScale, attention scores), a residual and
 //! an activation are applied to its output.
 //!
 //! The depthwise half may carry its own per-channel bias and activation, as in MobileNet, where
@@ -54,6 +55,11 @@ pub struct StructuredGroup {
     pub bias_add: Option<NodeId>,
     /// The bias operand of `bias_add`.
     pub bias: Option<Value>,
+    /// Matmul only: `mul(previous, scale)` with one factor per output column, or a single
+    /// factor (a scalar, or any shape of one element that does not widen the result).
+    pub scale_mul: Option<NodeId>,
+    /// The factor operand of `scale_mul`.
+    pub scale: Option<Value>,
     /// `add(previous, residual)` with a residual of the output's own shape and dtype (a skip
     /// connection).
     pub residual_add: Option<NodeId>,
@@ -176,6 +182,7 @@ impl StructuredGroup {
             .chain(transposes)
             .chain([self.anchor])
             .chain(self.bias_add)
+            .chain(self.scale_mul)
             .chain(self.residual_add)
             .chain(self.activation)
             .collect()
@@ -185,6 +192,7 @@ impl StructuredGroup {
     pub fn last(&self) -> NodeId {
         self.activation
             .or(self.residual_add)
+            .or(self.scale_mul)
             .or(self.bias_add)
             .unwrap_or(self.anchor)
     }
@@ -227,6 +235,7 @@ impl StructuredGroup {
         let epilogue: Vec<String> = self
             .bias_add
             .into_iter()
+            .chain(self.scale_mul)
             .chain(self.residual_add)
             .chain(self.activation)
             .map(name)
@@ -251,6 +260,7 @@ impl StructuredGroup {
             || self.expand.is_some()
             || self.transposed.iter().any(Option::is_some)
             || self.bias_add.is_some()
+            || self.scale_mul.is_some()
             || self.residual_add.is_some()
             || self.activation.is_some()
     }
@@ -328,6 +338,33 @@ fn added_operand(graph: &Graph, user: NodeId, v: Value) -> Option<Value> {
         node.operands[0]
     };
     (other != v).then_some(other)
+}
+
+/// The `mul` that scales `v` (matmul `anchor`'s result, after its bias) as its only user, with
+/// its factor: one value per output column, or a single value, of the result's dtype, leaving
+/// the result's type as it is.
+fn scale_after(
+    graph: &Graph,
+    users: &BTreeMap<Value, Vec<NodeId>>,
+    anchor: NodeId,
+    v: Value,
+) -> Option<(NodeId, Value)> {
+    let user = single_use(graph, users, v).ok()?;
+    let node = graph.node(user);
+    if node.op != Op::Binary(BinaryOp::Mul) {
+        return None;
+    }
+    let factor = if node.operands[0] == v {
+        node.operands[1]
+    } else {
+        node.operands[0]
+    };
+    let ty = graph.ty(factor);
+    let single = ty.shape.n_elems() == 1 && ty.dtype == graph.ty(v).dtype;
+    (factor != v
+        && node.types[0] == *graph.ty(v)
+        && (single || is_channel_bias(graph, anchor, factor)))
+    .then_some((user, factor))
 }
 
 /// Whether `bias` adds one value per channel to `conv`'s output without changing its shape.
@@ -503,6 +540,8 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             anchor: id,
             bias_add: None,
             bias: None,
+            scale_mul: None,
+            scale: None,
             residual_add: None,
             residual: None,
             activation: None,
@@ -532,17 +571,26 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             Some(Err(why)) => notes.push(why.clone()),
             None => {}
         }
-        // The epilogue, in this order: a per-channel bias, a residual (an operand of the
-        // output's own shape), an activation. Each joins only if the value before it has that
-        // one user and is not a graph output.
+        // The epilogue, in this order: a per-channel bias, a scale (matmuls: one factor per
+        // output column, or one for all), a residual (an operand of the output's own shape), an
+        // activation. Each joins only if the value before it has that one user and is not a
+        // graph output.
         let mut last = id;
         let mut refused_add = None;
         for residual in [false, true] {
+            if residual && graph.node(id).op == Op::MatMul {
+                if let Some((mul, factor)) = scale_after(graph, &users, id, value(last)) {
+                    group.scale_mul = Some(mul);
+                    group.scale = Some(factor);
+                    last = mul;
+                }
+            }
+            // No add here: none for the bias, but the scale and the residual may follow.
             let Ok(user) = single_use(graph, &users, value(last)) else {
-                break;
+                continue;
             };
             let Some(other) = added_operand(graph, user, value(last)) else {
-                break;
+                continue;
             };
             let fits = if residual {
                 graph.ty(other) == graph.ty(value(last))

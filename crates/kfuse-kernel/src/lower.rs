@@ -143,6 +143,9 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                 if let Some(bias) = group.bias {
                     inputs.push(buf_of[&bias]);
                 }
+                if let Some(scale) = group.scale {
+                    inputs.push(buf_of[&scale]);
+                }
                 if let Some(residual) = group.residual {
                     inputs.push(buf_of[&residual]);
                 }
@@ -152,6 +155,7 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                     call: StructuredCall {
                         anchor,
                         bias: group.bias.is_some(),
+                        scale: group.scale.is_some(),
                         residual: group.residual.is_some(),
                         activation: group.activation.and_then(|a| Activation::of_node(graph, a)),
                     },

@@ -99,6 +99,9 @@ pub struct StructuredCall {
     pub anchor: Anchor,
     /// Add a per-channel bias (the input after the operands) to the anchor's result.
     pub bias: bool,
+    /// Then multiply by one factor per output column, or one factor (the input after the
+    /// bias); matmuls only.
+    pub scale: bool,
     /// Then add a residual of the output's shape (the last input).
     pub residual: bool,
     /// Then this activation.
@@ -140,6 +143,9 @@ impl StructuredCall {
         }
         if self.bias {
             parts.push("add");
+        }
+        if self.scale {
+            parts.push("mul");
         }
         if self.residual {
             parts.push("add");

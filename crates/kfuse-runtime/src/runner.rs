@@ -317,6 +317,7 @@ impl<'a> Runner<'a> {
                     let call = StructuredCall {
                         anchor,
                         bias: false,
+                        scale: false,
                         residual: false,
                         activation: None,
                     };
@@ -613,6 +614,10 @@ fn reference_structured<'a>(
         let bias = array(next.next().expect("bias"));
         y = eval(Op::Binary(BinaryOp::Add), out_ty, &[&y, &bias])?;
     }
+    if call.scale {
+        let scale = array(next.next().expect("scale"));
+        y = eval(Op::Binary(BinaryOp::Mul), out_ty, &[&y, &scale])?;
+    }
     if call.residual {
         let residual = array(next.next().expect("residual"));
         y = eval(Op::Binary(BinaryOp::Add), out_ty, &[&y, &residual])?;
@@ -665,11 +670,15 @@ fn fast_structured<'a>(
     out_dims: &[usize],
     out: &mut Storage,
 ) -> Result<(), String> {
-    // The bias and the residual, when the call has them, are the last inputs, in that order.
+    // The bias, the scale and the residual, when the call has them, are the last inputs, in
+    // that order.
     let residual = call.residual.then(|| operand(n_inputs - 1).storage);
-    let bias_at = n_inputs - 1 - usize::from(call.residual);
+    let scale_at = n_inputs - 1 - usize::from(call.residual);
+    let scale = call.scale.then(|| operand(scale_at).storage);
+    let bias_at = scale_at - usize::from(call.scale);
     let epilogue = kfuse_cpu::dense::Epilogue {
         bias: call.bias.then(|| operand(bias_at).storage),
+        scale,
         residual,
         activation: call.activation,
     };
@@ -688,6 +697,7 @@ fn fast_structured<'a>(
                 let w = take(true).expect("expand weights");
                 let epilogue = kfuse_cpu::dense::Epilogue {
                     bias: take(e.bias).map(|b| b.storage),
+                    scale: None,
                     residual: None,
                     activation: e.activation,
                 };
@@ -696,6 +706,7 @@ fn fast_structured<'a>(
             let wd = take(true).expect("depthwise weights");
             let middle = kfuse_cpu::dense::Epilogue {
                 bias: take(d.bias).map(|b| b.storage),
+                scale: None,
                 residual: None,
                 activation: d.activation,
             };

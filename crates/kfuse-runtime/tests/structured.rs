@@ -961,6 +961,37 @@ fn structured_matmuls_match_the_reference() {
              %h = matmul(%x, %w)\n%y = gelu_tanh(%h)\noutput \"y\" = %y\n",
             7,
         ),
+        // Scale epilogues: per column after the bias, then a residual (LayerScale) and GELU,
+        // over column blocks; a constant scalar factor alone (attention scores), batched; a
+        // one-element factor on the GEMV path; f64 over rows; and with K = 0.
+        (
+            "%x = input() name=\"x\" : f32[40, 33]\n%w = input() name=\"w\" : f32[33, 300]\n%b = input() name=\"b\" : f32[300]\n\
+             %g = input() name=\"g\" : f32[300]\n%r = input() name=\"r\" : f32[40, 300]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%t = mul(%g, %s)\n%u = add(%r, %t)\n%y = gelu(%u)\noutput \"y\" = %y\n",
+            36,
+        ),
+        (
+            "%q = input() name=\"q\" : f32[3, 17, 8]\n%k = input() name=\"k\" : f32[3, 8, 21]\n\
+             %c = constant() value=[0.35355339] : f32[]\n\
+             %h = matmul(%q, %k)\n%y = mul(%h, %c)\noutput \"y\" = %y\n",
+            8,
+        ),
+        (
+            "%x = input() name=\"x\" : f32[1, 50]\n%w = input() name=\"w\" : f32[50, 70]\n%b = input() name=\"b\" : f32[70]\n\
+             %g = input() name=\"g\" : f32[1, 1]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = mul(%s, %g)\noutput \"y\" = %y\n",
+            51,
+        ),
+        (
+            "%x = input() name=\"x\" : f64[6, 17]\n%w = input() name=\"w\" : f64[17, 9]\n%g = input() name=\"g\" : f64[9]\n\
+             %h = matmul(%x, %w)\n%s = mul(%h, %g)\n%y = sigmoid(%s)\noutput \"y\" = %y\n",
+            17,
+        ),
+        (
+            "%x = input() name=\"x\" : f32[4, 0]\n%w = input() name=\"w\" : f32[0, 3]\n%b = input() name=\"b\" : f32[3]\n\
+             %g = input() name=\"g\" : f32[3]\n%h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = mul(%s, %g)\noutput \"y\" = %y\n",
+            2,
+        ),
         // GELU's erf form: over blocks of columns, over rows, on the GEMV path, in f64.
         (
             "%x = input() name=\"x\" : f32[40, 33]\n%w = input() name=\"w\" : f32[33, 300]\n%b = input() name=\"b\" : f32[300]\n\
@@ -1146,15 +1177,28 @@ fn random_structured_matmuls_match_the_reference() {
         } else {
             "%b"
         };
-        text += &format!("%h = matmul({a}, {b})\n%s = add(%h, %bias)\n");
+        text += &format!("%h = matmul({a}, {b})\n%s0 = add(%h, %bias)\n");
+        // One draw in three scales the sum per column, one by a single factor (either operand
+        // order).
+        let scaled = match rng.below(3) {
+            0 => {
+                text += &format!("%g = input() name=\"g\" : f32[{n}]\n%s = mul(%g, %s0)\n");
+                "%s"
+            }
+            1 => {
+                text += "%g = input() name=\"g\" : f32[1]\n%s = mul(%s0, %g)\n";
+                "%s"
+            }
+            _ => "%s0",
+        };
         // One draw in three adds a skip connection of the output's shape.
         let sum = if rng.below(3) == 0 {
             text += &format!(
-                "%skip = input() name=\"skip\" : f32[{batch}{m}, {n}]\n%t = add(%s, %skip)\n"
+                "%skip = input() name=\"skip\" : f32[{batch}{m}, {n}]\n%t = add({scaled}, %skip)\n"
             );
             "%t"
         } else {
-            "%s"
+            scaled
         };
         let activation =
             ["relu", "gelu_tanh", "gelu", "sigmoid", "tanh", "clamp", ""][rng.below(7)];

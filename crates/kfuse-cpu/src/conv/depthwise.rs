@@ -547,6 +547,7 @@ mod in_place {
                     unsafe { std::slice::from_raw_parts_mut(dst.add(ch * channel_stride), len) };
                 let tail = Tail {
                     bias: RowBias::None,
+                    scale: RowBias::None,
                     residual: None,
                     activation: Some(act),
                 };
@@ -914,6 +915,7 @@ mod nhwc_avx512 {
         if let Some(act) = post.act.filter(|_| act.is_none()) {
             let tail = Tail {
                 bias: RowBias::None,
+                scale: RowBias::None,
                 residual: None,
                 activation: Some(act),
             };
