@@ -411,13 +411,6 @@ pub(crate) fn epilogue<T: Real>(values: &mut [T], tail: Tail<T>) {
     if tail.is_empty() {
         return;
     }
-    if !matches!(tail.scale, RowBias::None) {
-        // A scale: the bias, the factor, then the rest, each a pass over the run (in cache).
-        let (before, after) = tail.split_at_scale();
-        epilogue(values, before);
-        scale_run(values, tail.scale);
-        return epilogue(values, after);
-    }
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: the CPU has the features the function is compiled for.
@@ -543,6 +536,22 @@ fn biased_into<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>, f: impl Fn(T) -
 
 #[inline(always)]
 fn epilogue_body<T: Real>(values: &mut [T], tail: Tail<T>) {
+    if !matches!(tail.scale, RowBias::None) {
+        // A scale: bias, factor and residual in one loop (one per combination of kinds).
+        match tail.activation {
+            None => scaled(values, tail, |v| v),
+            Some(Activation::Relu) => scaled(values, tail, relu),
+            Some(Activation::Clamp(b)) => {
+                let (lo, hi) = (T::from_f64(b.lo()), T::from_f64(b.hi()));
+                scaled(values, tail, |v| clamp(v, lo, hi))
+            }
+            Some(a) => {
+                scaled(values, tail, |v| v);
+                slice_form::<T>(a, values);
+            }
+        }
+        return;
+    }
     let biases = !matches!((tail.bias, tail.residual), (RowBias::None, None));
     match tail.activation {
         None => biased(values, tail, |v| v),
@@ -557,6 +566,106 @@ fn epilogue_body<T: Real>(values: &mut [T], tail: Tail<T>) {
             }
             slice_form::<T>(a, values);
         }
+    }
+}
+
+/// One step of a tail over a run of values: none, or an `add` or `mul` of one operand for the
+/// whole run or one per element.
+trait Step<T>: Copy {
+    fn apply(self, v: T, i: usize) -> T;
+}
+
+#[derive(Clone, Copy)]
+struct Keep;
+#[derive(Clone, Copy)]
+struct AddOne<T>(T);
+#[derive(Clone, Copy)]
+struct AddEach<'a, T>(&'a [T]);
+#[derive(Clone, Copy)]
+struct MulOne<T>(T);
+#[derive(Clone, Copy)]
+struct MulEach<'a, T>(&'a [T]);
+
+impl<T> Step<T> for Keep {
+    #[inline(always)]
+    fn apply(self, v: T, _: usize) -> T {
+        v
+    }
+}
+impl<T: Real> Step<T> for AddOne<T> {
+    #[inline(always)]
+    fn apply(self, v: T, _: usize) -> T {
+        v.add(self.0)
+    }
+}
+impl<T: Real> Step<T> for AddEach<'_, T> {
+    #[inline(always)]
+    fn apply(self, v: T, i: usize) -> T {
+        v.add(self.0[i])
+    }
+}
+impl<T: Real> Step<T> for MulOne<T> {
+    #[inline(always)]
+    fn apply(self, v: T, _: usize) -> T {
+        v.mul(self.0)
+    }
+}
+impl<T: Real> Step<T> for MulEach<'_, T> {
+    #[inline(always)]
+    fn apply(self, v: T, i: usize) -> T {
+        v.mul(self.0[i])
+    }
+}
+
+/// `v = f((v + bias) * scale + residual)` over `values` (a tail with a scale), as the IR's ops
+/// in that order, in one plain loop per combination of the operands' kinds.
+#[inline(always)]
+fn scaled<T: Real>(values: &mut [T], tail: Tail<T>, f: impl Fn(T) -> T + Copy) {
+    let n = values.len();
+    #[inline(always)]
+    fn with_scale<T: Real, B: Step<T>>(
+        values: &mut [T],
+        bias: B,
+        tail: Tail<T>,
+        f: impl Fn(T) -> T + Copy,
+    ) {
+        let n = values.len();
+        match tail.scale {
+            RowBias::Same(s) => with_residual(values, bias, MulOne(s), tail, f),
+            RowBias::Each(s) => with_residual(values, bias, MulEach(&s[..n]), tail, f),
+            RowBias::None => with_residual(values, bias, Keep, tail, f),
+        }
+    }
+    #[inline(always)]
+    fn with_residual<T: Real, B: Step<T>, S: Step<T>>(
+        values: &mut [T],
+        bias: B,
+        scale: S,
+        tail: Tail<T>,
+        f: impl Fn(T) -> T + Copy,
+    ) {
+        let n = values.len();
+        match tail.residual {
+            Some(r) => each(values, bias, scale, AddEach(&r[..n]), f),
+            None => each(values, bias, scale, Keep, f),
+        }
+    }
+    #[inline(always)]
+    fn each<T: Real, B: Step<T>, S: Step<T>, R: Step<T>>(
+        values: &mut [T],
+        bias: B,
+        scale: S,
+        residual: R,
+        f: impl Fn(T) -> T,
+    ) {
+        for (i, v) in values.iter_mut().enumerate() {
+            *v = f(residual.apply(scale.apply(bias.apply(*v, i), i), i));
+        }
+    }
+    match tail.bias {
+        RowBias::None => with_scale(values, Keep, tail, f),
+        RowBias::Same(b) => with_scale(values, AddOne(b), tail, f),
+        RowBias::Each(b) => with_scale(values, AddEach(&b[..n]), tail, f),
     }
 }
 
