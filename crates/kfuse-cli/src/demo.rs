@@ -82,36 +82,6 @@ fn compile(graph: &kfuse::Graph, numerics: Numerics) -> Result<kfuse::Executable
     Ok(kfuse::compile(graph, &options, &FixedCostModel::default())?)
 }
 
-/// One line on how an executable's steps run.
-fn tiers(exe: &kfuse::Executable) -> String {
-    let kernels = exe.tiers.iter().flatten().count();
-    let compiled = exe
-        .tiers
-        .iter()
-        .flatten()
-        .filter(|t| matches!(t, kfuse::Tier::Compiled { .. }))
-        .count();
-    let cached = exe
-        .tiers
-        .iter()
-        .flatten()
-        .filter(|t| matches!(t, kfuse::Tier::Compiled { cached: true, .. }))
-        .count();
-    let mut line = format!(
-        "{} step(s): {kernels} fused kernel(s), {compiled} as compiled C ({cached} from the cache), {} on the tile interpreter, {} structured or library step(s); compiled in {:.3} s",
-        exe.tiers.len(),
-        kernels - compiled,
-        exe.tiers.len() - kernels,
-        exe.compile_seconds
-    );
-    for (step, tier) in exe.tiers.iter().enumerate() {
-        if let Some(kfuse::Tier::Tile { reason }) = tier {
-            line += &format!("\n  step {step} runs on the tile interpreter: {reason}");
-        }
-    }
-    line
-}
-
 /// The largest difference between two runs' float outputs, and whether every element has
 /// the same bits (NaNs alike).
 fn compare(a: &[(String, Array)], b: &[(String, Array)]) -> (f64, bool) {
@@ -213,7 +183,11 @@ pub fn demo(output_dir: Option<&Path>) -> Result<()> {
             .run(&inputs, &CustomOps::new())
             .map_err(kfuse::Error::from)?;
         let (diff, same) = compare(&outputs, &fused);
-        println!("{} numerics: {}", numerics.name(), tiers(&exe));
+        println!(
+            "{} numerics: {}",
+            numerics.name(),
+            crate::tier_summary(&exe)
+        );
         if numerics == Numerics::Strict {
             println!("  outputs bit-identical to the reference: {same}");
         } else {

@@ -247,26 +247,39 @@ fn write_profile(path: &Path, stats: &kfuse::runtime::RunStats) -> Result<()> {
 
 /// Says on stderr which tier runs each kernel, and why a kernel is not compiled.
 fn report_tiers(exe: &kfuse::Executable) {
-    let kernels = exe.tiers.iter().flatten().count();
-    let compiled = exe
-        .tiers
-        .iter()
-        .flatten()
-        .filter(|t| matches!(t, kfuse::Tier::Compiled { .. }))
-        .count();
-    let library = exe.tiers.len() - kernels;
     eprintln!(
-        "engine: compiled ({} numerics, fusion {}): {kernels} fused kernel(s), {compiled} as compiled C, {} on the tile interpreter; {library} library step(s); compile {:.3} s",
+        "engine: compiled ({} numerics, fusion {}): {}",
         exe.numerics.name(),
         exe.partition.policy.name(),
-        kernels - compiled,
+        tier_summary(exe)
+    );
+}
+
+/// How an executable's steps run: counts of fused kernels by tier (compiled C, from the cache
+/// or not; the tile interpreter) and of library steps, the compile time, then a line per
+/// kernel on the tile interpreter with the reason.
+fn tier_summary(exe: &kfuse::Executable) -> String {
+    let kernels = exe.tiers.iter().flatten().count();
+    let compiled = |cached: Option<bool>| {
+        exe.tiers
+            .iter()
+            .flatten()
+            .filter(|t| matches!(t, kfuse::Tier::Compiled { cached: c, .. } if cached.is_none_or(|want| *c == want)))
+            .count()
+    };
+    let (all, cached) = (compiled(None), compiled(Some(true)));
+    let mut line = format!(
+        "{kernels} fused kernel(s), {all} as compiled C ({cached} from the cache), {} on the tile interpreter; {} library step(s); compile {:.3} s",
+        kernels - all,
+        exe.tiers.len() - kernels,
         exe.compile_seconds
     );
     for (step, tier) in exe.tiers.iter().enumerate() {
         if let Some(kfuse::Tier::Tile { reason }) = tier {
-            eprintln!("  step {step} runs on the tile interpreter: {reason}");
+            line += &format!("\n  step {step} runs on the tile interpreter: {reason}");
         }
     }
+    line
 }
 
 fn check(path: &Path) -> Result<()> {

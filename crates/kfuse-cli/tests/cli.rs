@@ -138,7 +138,7 @@ fn demo_runs_and_checks_itself() {
         "{text}"
     );
     assert!(
-        text.contains("strict numerics: 5 step(s)")
+        text.contains("strict numerics: 3 fused kernel(s)")
             && text.contains("outputs bit-identical to the reference: true"),
         "{text}"
     );
@@ -531,7 +531,7 @@ fn run_says_which_tier_ran() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("0 as compiled C, 1 on the tile interpreter"),
+        stderr(&o).contains("0 as compiled C (0 from the cache), 1 on the tile interpreter"),
         "{}",
         stderr(&o)
     );
