@@ -7,7 +7,7 @@
 //! %p = conv2d(%a, %wp)                   (1×1 pointwise)   pointwise GEMM
 //! %b = add(%p, %bias)                    (per channel)     -> bias -> residual ->
 //! %r = add(%b, %skip)                     (same shape)      activation, per output tile
-//! %y = relu(%r)      (or gelu_tanh)
+//! %y = relu(%r)      (or another activation: GELU, sigmoid, tanh, SiLU, a clamp)
 //! ```
 //!
 //! A matmul forms the same kind of group: operands that are transposes of the last two axes
@@ -43,6 +43,8 @@ pub struct StructuredGroup {
     /// An [`Activation`] of the depthwise result (after its bias), before the pointwise
     /// convolution.
     pub depthwise_activation: Option<NodeId>,
+    /// The sigmoid node of a SiLU `depthwise_activation`.
+    pub depthwise_sigmoid: Option<NodeId>,
     /// A 1×1 convolution (with its own bias and activation) whose result only the depthwise
     /// convolution reads: MobileNetV2's expansion. Its output is never stored either.
     pub expand: Option<Chain>,
@@ -67,6 +69,8 @@ pub struct StructuredGroup {
     pub residual: Option<Value>,
     /// An [`Activation`] of the previous result.
     pub activation: Option<NodeId>,
+    /// The sigmoid node of a SiLU `activation`.
+    pub sigmoid: Option<NodeId>,
 }
 
 /// The activations a structured kernel applies to its output tiles: elementwise, with a
@@ -78,6 +82,8 @@ pub enum Activation {
     GeluTanh,
     /// GELU's erf form, `0.5 x (1 + erf(x / sqrt 2))`.
     Gelu,
+    /// SiLU (swish), `mul(x, sigmoid(x))`: two nodes, the sigmoid rounded before the product.
+    Silu,
     Sigmoid,
     Tanh,
     /// `clamp(x, lo, hi)` with constant bounds (ReLU6 is `clamp(x, 0, 6)`).
@@ -122,10 +128,14 @@ impl Activation {
         }
     }
 
-    /// The activation node `id` applies to its first operand, if it is one: a unary
-    /// activation, or a float `clamp` whose bounds are single-valued constants.
+    /// The activation node `id` applies to its input ([`Activation::input`]), if it is one: a
+    /// unary activation, a float `clamp` whose bounds are single-valued constants, or the `mul`
+    /// of a SiLU (`mul(x, sigmoid(x))`, either operand order).
     pub fn of_node(graph: &Graph, id: NodeId) -> Option<Activation> {
         let node = graph.node(id);
+        if node.op == Op::Binary(BinaryOp::Mul) {
+            return silu_parts(graph, id).map(|_| Activation::Silu);
+        }
         if node.op != Op::Clamp {
             return Activation::of(&node.op);
         }
@@ -142,6 +152,11 @@ impl Activation {
             .then(|| Activation::Clamp(Bounds::new(lo, hi)))
     }
 
+    /// The value activation node `id` (one [`Activation::of_node`] accepts) applies to.
+    pub fn input(graph: &Graph, id: NodeId) -> Value {
+        silu_parts(graph, id).map_or(graph.node(id).operands[0], |(x, _)| x)
+    }
+
     /// The IR op's name, with a clamp's bounds: `relu`, `clamp to [0, 6]`.
     pub fn describe(self) -> String {
         match self {
@@ -156,6 +171,7 @@ impl Activation {
             Activation::Relu => UnaryOp::Relu.name(),
             Activation::GeluTanh => UnaryOp::GeluTanh.name(),
             Activation::Gelu => UnaryOp::Gelu.name(),
+            Activation::Silu => "silu",
             Activation::Sigmoid => UnaryOp::Sigmoid.name(),
             Activation::Tanh => UnaryOp::Tanh.name(),
             Activation::Clamp(_) => Op::Clamp.name(),
@@ -171,6 +187,7 @@ impl StructuredGroup {
         let expand = self.expand.map_or(Vec::new(), |e| {
             let mut nodes = vec![e.conv];
             nodes.extend(e.bias.map(|(add, _)| add));
+            nodes.extend(e.sigmoid);
             nodes.extend(e.activation);
             nodes
         });
@@ -178,12 +195,14 @@ impl StructuredGroup {
             .into_iter()
             .chain(self.depthwise)
             .chain(self.depthwise_bias_add)
+            .chain(self.depthwise_sigmoid)
             .chain(self.depthwise_activation)
             .chain(transposes)
             .chain([self.anchor])
             .chain(self.bias_add)
             .chain(self.scale_mul)
             .chain(self.residual_add)
+            .chain(self.sigmoid)
             .chain(self.activation)
             .collect()
     }
@@ -199,7 +218,10 @@ impl StructuredGroup {
 
     /// Why the group's result is stored by one kernel: what it absorbed, and how.
     pub fn reason(&self, graph: &Graph) -> String {
-        let name = |n: NodeId| format!("{} %{}", graph.node(n).op.name(), n.0);
+        let name = |n: NodeId| match Activation::of_node(graph, n) {
+            Some(Activation::Silu) => format!("silu %{}", n.0),
+            _ => format!("{} %{}", graph.node(n).op.name(), n.0),
+        };
         let mut parts = Vec::new();
         for (side, t) in ["left", "right"].iter().zip(self.transposed) {
             if let Some(t) = t {
@@ -282,6 +304,53 @@ fn value(node: NodeId) -> Value {
 }
 
 /// Why `v`'s only user cannot absorb it, if so: it has other users or is a graph output.
+/// For a `mul` node that is `x * sigmoid(x)` (either order; a float `x`, the result of `x`'s
+/// type): `x` and the sigmoid node.
+fn silu_parts(graph: &Graph, id: NodeId) -> Option<(Value, NodeId)> {
+    let node = graph.node(id);
+    if node.op != Op::Binary(BinaryOp::Mul) {
+        return None;
+    }
+    (0..2).find_map(|i| {
+        let (x, s) = (node.operands[i], node.operands[1 - i]);
+        let sigmoid = graph.node(s.node);
+        (sigmoid.op == Op::Unary(UnaryOp::Sigmoid)
+            && s.result == 0
+            && sigmoid.operands[0] == x
+            && graph.ty(x).dtype.is_float()
+            && node.types[0] == *graph.ty(x))
+        .then_some((x, s.node))
+    })
+}
+
+/// The activation node that alone consumes `v`, with the sigmoid node of a SiLU (whose `x`
+/// is read by both): `v` is not a graph output, and its users are the activation alone, or a
+/// SiLU's sigmoid and `mul` whose sigmoid is read by the `mul` alone. Otherwise why not.
+fn activation_user(
+    graph: &Graph,
+    users: &BTreeMap<Value, Vec<NodeId>>,
+    v: Value,
+) -> Result<Option<(NodeId, Option<NodeId>)>, String> {
+    let readers = users.get(&v).map(Vec::as_slice).unwrap_or_default();
+    if let [a, b] = readers {
+        for (m, s) in [(*a, *b), (*b, *a)] {
+            if silu_parts(graph, m).is_some_and(|(x, sig)| x == v && sig == s) {
+                if graph.outputs().iter().any(|o| o.value == v) {
+                    return Err("it is a graph output".into());
+                }
+                single_use(graph, users, value(s))
+                    .map_err(|why| format!("sigmoid %{} of a SiLU: {why}", s.0))?;
+                return Ok(Some((m, Some(s))));
+            }
+        }
+    }
+    let user = single_use(graph, users, v)?;
+    Ok(
+        (Activation::of_node(graph, user).is_some() && Activation::input(graph, user) == v)
+            .then_some((user, None)),
+    )
+}
+
 fn single_use(
     graph: &Graph,
     users: &BTreeMap<Value, Vec<NodeId>>,
@@ -402,6 +471,8 @@ pub struct Chain {
     /// The `add` and its bias operand.
     pub bias: Option<(NodeId, Value)>,
     pub activation: Option<NodeId>,
+    /// The sigmoid node of a SiLU `activation`.
+    pub sigmoid: Option<NodeId>,
 }
 
 impl Chain {
@@ -418,8 +489,11 @@ impl Chain {
 /// to a convolution `accept` takes (its result 0).
 fn chain_back(graph: &Graph, mut v: Value, accept: &dyn Fn(NodeId) -> bool) -> Option<Chain> {
     let activation = Activation::of_node(graph, v.node).map(|_| v.node);
+    let sigmoid = activation
+        .and_then(|a| silu_parts(graph, a))
+        .map(|(_, s)| s);
     if let Some(a) = activation {
-        v = graph.node(a).operands[0];
+        v = Activation::input(graph, a);
     }
     let mut bias = None;
     if graph.node(v.node).op == Op::Binary(BinaryOp::Add) {
@@ -438,6 +512,7 @@ fn chain_back(graph: &Graph, mut v: Value, accept: &dyn Fn(NodeId) -> bool) -> O
         conv: v.node,
         bias,
         activation,
+        sigmoid,
     })
 }
 
@@ -449,7 +524,19 @@ fn chain_refused(
     chain: &Chain,
 ) -> Option<String> {
     chain.links().into_iter().find_map(|link| {
-        single_use(graph, users, link).err().map(|why| {
+        // The value a SiLU reads is read by its sigmoid too.
+        let into_silu = chain
+            .activation
+            .filter(|&a| chain.sigmoid.is_some() && Activation::input(graph, a) == link);
+        let check = match into_silu {
+            Some(a) => match activation_user(graph, users, link) {
+                Ok(Some((user, _))) if user == a => Ok(a),
+                Ok(_) => Err("it has other users".to_string()),
+                Err(why) => Err(why),
+            },
+            None => single_use(graph, users, link),
+        };
+        check.err().map(|why| {
             if link.node == chain.conv {
                 why
             } else {
@@ -535,6 +622,7 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             depthwise_bias_add: None,
             depthwise_bias: None,
             depthwise_activation: None,
+            depthwise_sigmoid: None,
             expand: None,
             transposed: [None, None],
             anchor: id,
@@ -545,6 +633,7 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             residual_add: None,
             residual: None,
             activation: None,
+            sigmoid: None,
         };
         if graph.node(id).op == Op::MatMul {
             let operands = &graph.node(id).operands;
@@ -566,6 +655,7 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
                 group.depthwise_bias_add = d.bias.map(|(add, _)| add);
                 group.depthwise_bias = d.bias.map(|(_, b)| b);
                 group.depthwise_activation = d.activation;
+                group.depthwise_sigmoid = d.sigmoid;
                 group.expand = *expand;
             }
             Some(Err(why)) => notes.push(why.clone()),
@@ -620,14 +710,12 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
                 add.0
             ));
         }
-        match single_use(graph, &users, value(last)) {
-            Ok(user)
-                if Activation::of_node(graph, user).is_some()
-                    && graph.node(user).operands[0] == value(last) =>
-            {
+        match activation_user(graph, &users, value(last)) {
+            Ok(Some((user, sigmoid))) => {
                 group.activation = Some(user);
+                group.sigmoid = sigmoid;
             }
-            Ok(_) => {}
+            Ok(None) => {}
             Err(why) => {
                 // Worth a note only where an epilogue was there to absorb.
                 let epilogue_user = users.get(&value(last)).into_iter().flatten().any(|&u| {

@@ -644,6 +644,10 @@ fn reference_activation(
         kfuse_kernel::Activation::Relu => eval(Op::Unary(kfuse_ir::UnaryOp::Relu), &[x]),
         kfuse_kernel::Activation::GeluTanh => eval(Op::Unary(kfuse_ir::UnaryOp::GeluTanh), &[x]),
         kfuse_kernel::Activation::Gelu => eval(Op::Unary(kfuse_ir::UnaryOp::Gelu), &[x]),
+        kfuse_kernel::Activation::Silu => {
+            let s = eval(Op::Unary(kfuse_ir::UnaryOp::Sigmoid), &[x])?;
+            eval(Op::Binary(kfuse_ir::BinaryOp::Mul), &[x, &s])
+        }
         kfuse_kernel::Activation::Sigmoid => eval(Op::Unary(kfuse_ir::UnaryOp::Sigmoid), &[x]),
         kfuse_kernel::Activation::Tanh => eval(Op::Unary(kfuse_ir::UnaryOp::Tanh), &[x]),
         kfuse_kernel::Activation::Clamp(bounds) => {

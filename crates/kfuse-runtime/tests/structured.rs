@@ -299,6 +299,9 @@ fn residual(layout: &str, dtype: &str, x: &str, groups: usize, act: &str) -> (St
     );
     let last = if act.is_empty() {
         "%r"
+    } else if act == "silu" {
+        text += &silu("%r", "y");
+        "%y"
     } else {
         text += &format!("%y = {act}(%r)\n");
         "%y"
@@ -357,6 +360,11 @@ fn separable_residual(layout: &str) -> (String, usize) {
 
 /// A MobileNet block (batchnorms folded): depthwise 3×3 → its per-channel bias (if `bias`) →
 /// `middle` (if any) → pointwise → bias → ReLU, in `layout` and `dtype`.
+/// SiLU of `v` into `%out`, as exporters write it: `mul(v, sigmoid(v))`.
+fn silu(v: &str, out: &str) -> String {
+    format!("%{out}_sig = sigmoid({v})\n%{out} = mul({v}, %{out}_sig)\n")
+}
+
 fn mobilenet_block(
     layout: &str,
     dtype: &str,
@@ -388,6 +396,9 @@ fn mobilenet_block(
             "%lo = constant() value=[0.0] : {dtype}[]\n%hi = constant() value=[6.0] : {dtype}[]\n\
              %a = clamp({last}, %lo, %hi)\n"
         );
+        last = "%a".into();
+    } else if middle == "silu" {
+        text += &silu(&last, "a");
         last = "%a".into();
     } else if !middle.is_empty() {
         text += &format!("%a = {middle}({last})\n");
@@ -437,6 +448,7 @@ fn inverted_residual(
     let apply = |v: &str, out: &str| match act {
         "relu6" => format!("%{out} = clamp({v}, %lo, %hi)\n"),
         "" => format!("%{out} = add({v}, %lo)\n"),
+        "silu" => silu(v, out),
         a => format!("%{out} = {a}({v})\n"),
     };
     text += &apply("%x2", "x3");
@@ -515,6 +527,13 @@ fn structured_programs() -> Vec<(String, usize)> {
         residual("nchw", "f32", "[2, 16, 7, 20]", 16, "relu"),
         residual("nchw", "f32", "[1, 8, 5, 9]", 1, "gelu_tanh"),
         residual("nchw", "f32", "[1, 8, 6, 9]", 8, "gelu"),
+        // SiLU (`mul(x, sigmoid(x))`, two nodes) as the epilogue, the depthwise half's and the
+        // expansion's activation: EfficientNet's MBConv block, in f32 and f64.
+        residual("nchw", "f32", "[1, 16, 5, 18]", 1, "silu"),
+        residual("nhwc", "f64", "[1, 5, 6, 16]", 1, "silu"),
+        mobilenet_block("nchw", "f32", "[2, 8, 9, 13]", true, "silu"),
+        inverted_residual("nchw", "f32", "[2, 4, 9, 11]", 1, "silu"),
+        inverted_residual("nhwc", "f32", "[1, 9, 11, 4]", 2, "silu"),
         residual("nhwc", "f32", "[2, 7, 20, 16]", 1, "relu"),
         residual("nchw", "f64", "[1, 16, 6, 7]", 1, "relu"),
         residual("nchw", "f32", "[1, 8, 6, 19]", 8, "relu"),
@@ -641,7 +660,7 @@ fn structured_convolutions_match_the_reference() {
 
 /// Random MobileNet blocks, f32 NCHW: with or without the expansion, odd channel counts (runs
 /// of channels that end off a block of 8), images from 1×1 up, batch 1 to 5, stride 1 or 2,
-/// ReLU6, ReLU or sigmoid, so that the one-task bands, the two-phase bands of small images
+/// ReLU6, ReLU, sigmoid or SiLU, so that the one-task bands, the two-phase bands of small images
 /// and the groups of small whole images all run, against the reference.
 #[test]
 fn random_separable_blocks_match_the_reference() {
@@ -653,9 +672,10 @@ fn random_separable_blocks_match_the_reference() {
         let stride = pick(&mut rng, 2);
         let expand = rng.below(2) == 0;
         let e = if expand { pick(&mut rng, 40) } else { c };
-        let act = ["relu6", "relu", "sigmoid"][rng.below(3)];
+        let act = ["relu6", "relu", "sigmoid", "silu"][rng.below(4)];
         let apply = |v: &str, out: &str| match act {
             "relu6" => format!("%{out} = clamp({v}, %lo, %hi)\n"),
+            "silu" => silu(v, out),
             a => format!("%{out} = {a}({v})\n"),
         };
         let mut text = format!(
@@ -1200,8 +1220,16 @@ fn random_structured_matmuls_match_the_reference() {
         } else {
             scaled
         };
-        let activation =
-            ["relu", "gelu_tanh", "gelu", "sigmoid", "tanh", "clamp", ""][rng.below(7)];
+        let activation = [
+            "relu",
+            "gelu_tanh",
+            "gelu",
+            "sigmoid",
+            "tanh",
+            "clamp",
+            "silu",
+            "",
+        ][rng.below(8)];
         let last = if activation.is_empty() {
             sum
         } else if activation == "clamp" {
@@ -1209,6 +1237,9 @@ fn random_structured_matmuls_match_the_reference() {
                 "%lo = constant() value=[-0.25] : f32[]\n%hi = constant() value=[0.5] : f32[]\n\
                  %r = clamp({sum}, %lo, %hi)\n"
             );
+            "%r"
+        } else if activation == "silu" {
+            text += &silu(sum, "r");
             "%r"
         } else {
             text += &format!("%r = {activation}({sum})\n");
