@@ -441,7 +441,11 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
     }
     if only.is_empty()
         || only.iter().any(|o| {
-            o.starts_with("W6") || o == "W7" || o == "mobilenet" || o.starts_with("inverted")
+            o.starts_with("W6")
+                || o == "W7"
+                || o == "mobilenet"
+                || o.starts_with("inverted")
+                || o == "mbconv"
         })
     {
         report["convolutions"] = conv_workloads(&cache, runs, quick, as_json, only)?;
@@ -823,8 +827,15 @@ fn conv_workloads(
     }
     // A MobileNetV2 inverted residual: `c` channels expanded to `e`, depthwise, projected back
     // to `c`, bias and ReLU6 after the first two, bias and the skip connection after the last.
-    let inverted = |id: &str, n: usize, c: usize, e: usize, hw: usize| -> Result<_> {
-        let relu6 = |v: &str, out: &str| format!("%{out} = clamp(%{v}, %lo, %hi)\n");
+    // With `silu`, EfficientNet's MBConv: SiLU (`mul(x, sigmoid(x))`) in place of ReLU6.
+    let inverted = |id: &str, n: usize, c: usize, e: usize, hw: usize, silu: bool| -> Result<_> {
+        let relu6 = |v: &str, out: &str| {
+            if silu {
+                format!("%{out}s = sigmoid(%{v})\n%{out} = mul(%{v}, %{out}s)\n")
+            } else {
+                format!("%{out} = clamp(%{v}, %lo, %hi)\n")
+            }
+        };
         let block = input("x", &[n, c, hw, hw])
             + &input("we", &[e, c, 1, 1])
             + &input("be", &[e, 1, 1])
@@ -849,9 +860,14 @@ fn conv_workloads(
             ("wp".to_string(), randn(&[c, e, 1, 1], 0.1)?),
             ("bp".to_string(), randn(&[c, 1, 1], 0.1)?),
         ];
+        let what = if silu {
+            "EfficientNet MBConv block (SiLU)"
+        } else {
+            "MobileNetV2 block"
+        };
         fused_against_unfused(
             id,
-            &format!("MobileNetV2 block, {n}x{c}x{hw}x{hw}, expanded to {e}"),
+            &format!("{what}, {n}x{c}x{hw}x{hw}, expanded to {e}"),
             &block,
             &frozen,
             (cache, runs, as_json),
@@ -865,6 +881,18 @@ fn conv_workloads(
             24,
             144,
             if quick { 14 } else { 56 },
+            false,
+        )?);
+    }
+    if wanted("mbconv") {
+        // The same shape with SiLU: one structured kernel since SiLU is an activation.
+        rows.push(inverted(
+            "mbconv",
+            n,
+            24,
+            144,
+            if quick { 14 } else { 56 },
+            true,
         )?);
     }
     if wanted("inverted7") {
@@ -875,6 +903,7 @@ fn conv_workloads(
             160,
             if quick { 240 } else { 960 },
             7,
+            false,
         )?);
     }
     if wanted("W7") {

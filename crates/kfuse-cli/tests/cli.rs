@@ -643,7 +643,15 @@ fn bench_quick_reports_every_workload() {
             "{id} missing"
         );
     }
-    for id in ["W6a", "W6b", "W7", "mobilenet", "inverted", "inverted7"] {
+    for id in [
+        "W6a",
+        "W6b",
+        "W7",
+        "mobilenet",
+        "inverted",
+        "inverted7",
+        "mbconv",
+    ] {
         assert!(
             report["convolutions"]
                 .as_array()
