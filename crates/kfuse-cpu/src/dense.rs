@@ -372,39 +372,6 @@ pub(crate) struct Tail<'a, T> {
     pub activation: Option<Activation>,
 }
 
-/// `values[i] *= factor` (the IR's `mul`) for the run's factors.
-fn scale_run<T: Real>(values: &mut [T], factor: RowBias<T>) {
-    match factor {
-        RowBias::None => {}
-        RowBias::Same(s) => values.iter_mut().for_each(|v| *v = v.mul(s)),
-        RowBias::Each(s) => values.iter_mut().zip(s).for_each(|(v, &s)| *v = v.mul(s)),
-    }
-}
-
-impl<'a, T: Copy> Tail<'a, T> {
-    /// The parts before and after the scale: the bias alone, then the residual and the
-    /// activation.
-    fn split_at_scale(self) -> (Tail<'a, T>, Tail<'a, T>) {
-        let none = Tail {
-            bias: RowBias::None,
-            scale: RowBias::None,
-            residual: None,
-            activation: None,
-        };
-        (
-            Tail {
-                bias: self.bias,
-                ..none
-            },
-            Tail {
-                residual: self.residual,
-                activation: self.activation,
-                ..none
-            },
-        )
-    }
-}
-
 impl<T> Tail<'_, T> {
     fn is_empty(&self) -> bool {
         matches!(self.bias, RowBias::None)
@@ -415,7 +382,7 @@ impl<T> Tail<'_, T> {
 }
 
 /// Applies `tail` to `values`. Results are those of the IR's `add` and activation ops, bit for
-/// bit (but for one input of GELU's erf form, one ULP off: see `simd.rs`). Bias, residual and ReLU take one pass, compiled for AVX-512 as well; the other
+/// bit (but for GELU's erf form, one input one ULP off, and SiLU, within 3 ULPs: see `simd.rs`). Bias, residual and ReLU take one pass, compiled for AVX-512 as well; the other
 /// activations run as a second pass of their explicit 16-lane forms ([`slice_form`]).
 pub(crate) fn epilogue<T: Real>(values: &mut [T], tail: Tail<T>) {
     if tail.is_empty() {
@@ -441,11 +408,10 @@ pub(crate) fn epilogue_into<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>) {
         return dst.copy_from_slice(src);
     }
     if !matches!(tail.scale, RowBias::None) {
-        let (before, after) = tail.split_at_scale();
-        epilogue_into(dst, src, before);
+        // With a scale (matmuls, which apply their epilogue in place): copy, then in place.
         let n = src.len().min(dst.len());
-        scale_run(&mut dst[..n], tail.scale);
-        return epilogue(&mut dst[..n], after);
+        dst[..n].copy_from_slice(&src[..n]);
+        return epilogue(&mut dst[..n], tail);
     }
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
