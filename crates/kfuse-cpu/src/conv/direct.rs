@@ -848,7 +848,7 @@ type Extra<'a> = dyn Fn(&std::ops::Range<usize>, usize) -> usize + Sync + 'a;
 /// batch 1) each band runs in two phases over all the threads: the tile's channels split
 /// between them, then the output channels. Small whole images at a batch of at least twice the
 /// threads run several to a task (as many as the tiles hold, at most four blocks of positions
-/// and half the batch per thread), their positions side by side in one tile, the projection
+/// and the batch's share per thread), their positions side by side in one tile, the projection
 /// staged and copied out image by image: MobileNetV2's 7×7 block (160 channels expanded to
 /// 960) at batch 8, 872–882 → 825–834 µs, at batch 32 3565–3577 → 3308–3364 µs.
 #[allow(clippy::too_many_arguments)]
