@@ -368,12 +368,6 @@ mod x86 {
         std::array::from_fn(|v| _mm512_fmadd_pd(odd[v], u[v], even[v]))
     }
 
-    /// `f` on each of `N` vectors.
-    #[inline(always)]
-    fn each<const N: usize, T: Copy, U>(v: [T; N], f: impl Fn(T) -> U) -> [U; N] {
-        v.map(f)
-    }
-
     /// `gelu_f32` of `N` vectors of eight lanes widened to f64 (finite ones; the others are
     /// replaced by the caller), side by side so that their long chains of dependent steps
     /// overlap: `z = -y / sqrt 2`, both forms of `erfc(z)` computed and the one the scalar
@@ -398,15 +392,15 @@ mod x86 {
     fn gelu_pd<const N: usize>(y: [__m512d; N]) -> [__m512d; N] {
         let cd = _mm512_set1_pd;
         let one = cd(1.0);
-        let z = each(y, |y| {
+        let z = y.map(|y| {
             _mm512_mul_pd(
                 _mm512_xor_pd(y, cd(-0.0)),
                 cd(std::f64::consts::FRAC_1_SQRT_2),
             )
         });
-        let p = horner_split_pd(&kfuse_math::ERF_SMALL, each(z, |z| _mm512_mul_pd(z, z)));
-        let a = each(z, |z| _mm512_max_pd(_mm512_abs_pd(z), one));
-        let inv = each(a, |a| _mm512_div_pd(one, a));
+        let p = horner_split_pd(&kfuse_math::ERF_SMALL, z.map(|z| _mm512_mul_pd(z, z)));
+        let a = z.map(|z| _mm512_max_pd(_mm512_abs_pd(z), one));
+        let inv = a.map(|a| _mm512_div_pd(one, a));
         let h = horner_split_pd(&kfuse_math::ERFC_TAIL, inv);
         let mut k = [one; N];
         let mut r = [one; N];
