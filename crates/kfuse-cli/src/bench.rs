@@ -453,6 +453,9 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
     if only.is_empty() || only.iter().any(|o| o == "activations") {
         report["activations"] = activation_case(&cache, runs, quick, as_json)?;
     }
+    if only.is_empty() || only.iter().any(|o| o == "cast") {
+        report["cast"] = cast_case(&cache, runs, quick, as_json)?;
+    }
     if only.is_empty() || only.iter().any(|o| o == "transpose") {
         report["transpose"] = transpose_case(&cache, runs, quick, as_json)?;
     }
@@ -594,6 +597,51 @@ fn activation_case(
             "\nactivations (relu(x @ W + b) and the others, {m} x {k} x {n}): {}",
             cells.join("; ")
         );
+    }
+    Ok(json!(rows))
+}
+
+/// A dense layer whose result is stored in bf16 (`cast(relu(x @ W + b))`, mixed-precision
+/// inference), with the cast in the GEMM's epilogue, against the same layer storing f32, that
+/// plus the cast as a kernel of its own (the plan before casts joined the epilogue, timed as
+/// its two parts), and every op a kernel of its own; at K = 1024 (bound by arithmetic), 64 and
+/// 16 (more and more by the output's memory traffic, which the cast halves).
+fn cast_case(
+    cache: &std::path::Path,
+    runs: usize,
+    quick: bool,
+    as_json: bool,
+) -> Result<serde_json::Value> {
+    let m = if quick { 64 } else { 1024 };
+    let n = 4096;
+    let mut rows = Vec::new();
+    let cast_alone = format!(
+        "%r = input() name=\"r\" : f32[{m}, {n}]\n%y = cast(%r) to=bf16\noutput \"y\" = %y\n"
+    );
+    for k in [1024, 64, 16] {
+        let layer = format!("%x = input() name=\"x\" : f32[{m}, {k}]\n%w = input() name=\"w\" : f32[{k}, {n}]\n%b = input() name=\"b\" : f32[{n}]\n%h = matmul(%x, %w)\n%hb = add(%h, %b)\n%r = relu(%hb)\n");
+        let f32_out = layer.clone() + "output \"y\" = %r\n";
+        let bf16_out = layer + "%y = cast(%r) to=bf16\noutput \"y\" = %y\n";
+        let cases = [
+            prepare(&f32_out, &[], kfuse::FusePolicy::Cost, cache)?,
+            prepare(&bf16_out, &[], kfuse::FusePolicy::Cost, cache)?,
+            prepare(&bf16_out, &[], kfuse::FusePolicy::None, cache)?,
+            prepare(&cast_alone, &[], kfuse::FusePolicy::Cost, cache)?,
+        ];
+        let ms = interleaved_ms(&cases, runs)?;
+        let two = ms[0] + ms[3];
+        if !as_json {
+            println!(
+                "cast (bf16 output of relu(x @ W + b), {m} x {k} x {n}): fused {:.2} ms; f32 output {:.2} ms ({:.2}x); that and a cast kernel {two:.2} ms ({:.2}x); unfused {:.2} ms ({:.2}x)",
+                ms[1],
+                ms[0],
+                ms[0] / ms[1],
+                two / ms[1],
+                ms[2],
+                ms[2] / ms[1]
+            );
+        }
+        rows.push(json!({"k": k, "ms": ms[1], "f32_output_ms": ms[0], "with_cast_kernel_ms": two, "unfused_ms": ms[2]}));
     }
     Ok(json!(rows))
 }

@@ -106,7 +106,8 @@ enum Command {
         /// activations: each GEMM epilogue activation against the bias alone; mobilenet: W6a
         /// with a bias and ReLU after each half, fused against unfused; inverted: a MobileNetV2
         /// inverted residual at 56×56, fused against unfused; inverted7: one of its last stage,
-        /// 7×7 at batch 1; mbconv: EfficientNet's MBConv block, the inverted residual with SiLU).
+        /// 7×7 at batch 1; mbconv: EfficientNet's MBConv block, the inverted residual with SiLU;
+        /// cast: a dense layer stored in bf16, the cast in the GEMM's epilogue).
         #[arg(value_name = "ID")]
         only: Vec<String>,
     },

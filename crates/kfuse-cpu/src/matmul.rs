@@ -3,11 +3,11 @@
 //! `gemm` blocks and uses fused multiply-adds, so its sums are not bit-identical to the reference
 //! interpreter's sequential `k` loop: strict numerics keep the reference matmul.
 
-use kfuse_ir::{DType, Shape, Storage};
+use kfuse_ir::{bf16, f16, DType, Shape, Storage};
 
 use crate::dense::{
-    epilogue as apply_epilogue, epilogue_operand, gemm_into, Activation, Epilogue, Init, Out, Real,
-    RowBias, Tail, View,
+    epilogue as apply_epilogue, epilogue_operand, gemm_into, with_scratch, Activation, Epilogue,
+    Init, Out, Real, RowBias, Tail, View,
 };
 use crate::Pool;
 
@@ -20,6 +20,76 @@ pub fn supported(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F64)
 }
 
+/// Whether [`matmul`] writes a product computed in `compute` into an output of dtype `out`:
+/// its own dtype, or another float dtype it is cast to.
+pub fn writes(compute: DType, out: DType) -> bool {
+    supported(compute) && out.is_float()
+}
+
+/// An element type a product computed in `T` is written as: `T` itself, or another float
+/// type the product is cast to as its epilogue's last step, rounding to nearest as the IR's
+/// `cast` does (and through the same conversions, so the cast itself adds no difference).
+trait Output<T>: Copy + Send + Sync + 'static {
+    /// `dst[i] = cast(src[i])`.
+    fn convert(src: &[T], dst: &mut [Self]);
+}
+
+impl<T: Real> Output<T> for T {
+    fn convert(src: &[T], dst: &mut [T]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl Output<f32> for f64 {
+    fn convert(src: &[f32], dst: &mut [f64]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = f64::from(s);
+        }
+    }
+}
+
+impl Output<f64> for f32 {
+    fn convert(src: &[f64], dst: &mut [f32]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = s as f32;
+        }
+    }
+}
+
+impl Output<f32> for f16 {
+    fn convert(src: &[f32], dst: &mut [f16]) {
+        crate::simd::f16_from_f32_slice(src, dst);
+    }
+}
+
+impl Output<f32> for bf16 {
+    fn convert(src: &[f32], dst: &mut [bf16]) {
+        crate::simd::bf16_from_f32_slice(src, dst);
+    }
+}
+
+impl Output<f64> for f16 {
+    fn convert(src: &[f64], dst: &mut [f16]) {
+        // One rounding from f64, as the IR's cast does (element by element, as it does).
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = f16::from_f64(s);
+        }
+    }
+}
+
+impl Output<f64> for bf16 {
+    fn convert(src: &[f64], dst: &mut [bf16]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = bf16::from_f64(s);
+        }
+    }
+}
+
+/// Whether `U` is `T` (the product is then computed where it is written).
+fn same<T: 'static, U: 'static>() -> bool {
+    std::any::TypeId::of::<T>() == std::any::TypeId::of::<U>()
+}
+
 /// The scale factors of columns `cols`: the one factor for all, or each column's.
 fn factors<T: Copy>(scale: Option<&[T]>, cols: std::ops::Range<usize>) -> RowBias<'_, T> {
     match scale {
@@ -30,11 +100,13 @@ fn factors<T: Copy>(scale: Option<&[T]>, cols: std::ops::Range<usize>) -> RowBia
 }
 
 /// `[..., M, K] @ [..., K, N]` with numpy batch broadcasting, for f32 and f64 operands, written
-/// into `out` (the output's dtype and element count; its contents are overwritten). Operands
-/// are read where they live, without copies. An operand marked in `transposed` is given as its
-/// source `[..., K, M]` (or `[..., N, K]`) and read through swapped strides. The epilogue (a
-/// bias per column, a scale, a residual of the output's shape, an activation) is applied to each task's
-/// block right after its GEMM. One-row products take a GEMV path.
+/// into `out` (the output's element count; its contents are overwritten). Operands are read
+/// where they live, without copies. An operand marked in `transposed` is given as its source
+/// `[..., K, M]` (or `[..., N, K]`) and read through swapped strides. The epilogue (a bias per
+/// column, a scale, a residual of the output's shape, an activation) is applied to each task's
+/// block right after its GEMM. An output of another float dtype than the operands' is a cast
+/// after the epilogue: each task computes its block in a scratch tile in cache and writes it
+/// converted. One-row products take a GEMV path.
 pub fn matmul(
     a: View,
     b: View,
@@ -103,8 +175,12 @@ pub fn matmul(
     // each task's rows: in bands that fit in cache where there is a pass.
     let elem = a.storage.dtype().size_bytes();
     let large = threads > 1 && m * n * k >= 1 << 22;
-    let pass =
-        epilogue.activation.is_some() || epilogue.residual.is_some() || epilogue.scale.is_some();
+    // A cast is a pass too: each task converts its block.
+    let cast = out.dtype() != a.storage.dtype();
+    let pass = epilogue.activation.is_some()
+        || epilogue.residual.is_some()
+        || epilogue.scale.is_some()
+        || cast;
     let by_cache = (TILE_BYTES / (m.max(1) * elem)) / 64 * 64;
     // With a pass and a short sum (K below 256), the product is bound by memory rather than
     // arithmetic, and bands of whole rows that fit in cache, the pass following each, beat
@@ -127,10 +203,16 @@ pub fn matmul(
     let (chunks, rows, cols) = match block_cols {
         Some(cols) => (n.div_ceil(cols), m, cols),
         None => {
-            let chunks = if large && pass {
-                // Bands of rows that stay in cache for the pass.
+            let chunks = if (large && pass) || cast {
+                // Bands of rows that stay in cache for the pass (and bound a cast's scratch
+                // tile).
                 let by_cache = (TILE_BYTES / (n.max(1) * elem)).max(16);
-                m.div_ceil(by_cache).max(threads)
+                let bands = m.div_ceil(by_cache);
+                if large {
+                    bands.max(threads)
+                } else {
+                    bands
+                }
             } else if large {
                 threads.min(m.div_ceil(16)).max(1)
             } else {
@@ -158,7 +240,7 @@ pub fn matmul(
         residual: Option<&'a [T]>,
         activation: Option<Activation>,
     }
-    fn run<T: Real>(x: &[T], y: &[T], c: &mut [T], plan: &Plan<T>) {
+    fn run<T: Real, U: Output<T>>(x: &[T], y: &[T], c: &mut [U], plan: &Plan<T>) {
         let Plan {
             m,
             k,
@@ -179,6 +261,7 @@ pub fn matmul(
         let (a_rs, a_cs) = if transposed[0] { (1, m) } else { (k, 1) };
         let (b_rs, b_cs) = if transposed[1] { (1, k) } else { (n, 1) };
         let by_columns = cols < n;
+        let in_place = same::<T, U>();
         Pool::global().run(oa.len() * chunks, &|task| {
             let (bi, chunk) = (task / chunks, task % chunks);
             let (r0, r1, c0, c1) = if by_columns {
@@ -190,16 +273,18 @@ pub fn matmul(
                 return;
             }
             let lhs = x[oa[bi] * m * k + r0 * a_rs..].as_ptr();
-            let rhs = y[ob[bi] * k * n + c0 * b_cs..].as_ptr();
-            let bias = bias.map(|b| &b[c0..c1]);
-            // SAFETY: the operands hold an M x K and a K x N matrix with these strides at these
-            // offsets (shapes checked by inference); rows r0..r1, columns c0..c1 of output
-            // matrix bi are this task's alone.
-            unsafe {
-                let at = dst.ptr().add(bi * m * n + r0 * n + c0);
-                let gemv_path = r1 - r0 == 1 && !transposed[1] && !by_columns;
-                // With an activation or a residual to apply in a pass over the output anyway,
-                // the bias joins that pass; otherwise it is pre-filled into the GEMM's
+            let gemv_path = r1 - r0 == 1 && !transposed[1] && !by_columns;
+            // Columns c0..c1 of the task's rows: the product and the epilogue into `at`, rows
+            // `ld` apart.
+            // SAFETY (of the calls): the operands hold an M x K and a K x N matrix with these
+            // strides at these offsets (shapes checked by inference); `at` addresses this task's
+            // block alone, `r1 - r0` rows of `c1 - c0` elements `ld` apart.
+            let compute = |at: *mut T, ld: usize, c0: usize, c1: usize| unsafe {
+                let rhs = y[ob[bi] * k * n + c0 * b_cs..].as_ptr();
+                let bias = bias.map(|b| &b[c0..c1]);
+                let width = c1 - c0;
+                // With an activation, a scale or a residual to apply in a pass over the output
+                // anyway, the bias joins that pass; otherwise it is pre-filled into the GEMM's
                 // destination.
                 let pass = activation.is_some() || residual.is_some() || scale.is_some();
                 let bias_in_pass = pass && !gemv_path;
@@ -212,10 +297,10 @@ pub fn matmul(
                     };
                     gemm_into(
                         r1 - r0,
-                        c1 - c0,
+                        width,
                         k,
                         at,
-                        n,
+                        ld,
                         1,
                         lhs,
                         a_rs,
@@ -233,17 +318,47 @@ pub fn matmul(
                     };
                     for r in r0..r1 {
                         let first = bi * m * n + r * n + c0;
-                        let row = std::slice::from_raw_parts_mut(dst.ptr().add(first), c1 - c0);
+                        let row = std::slice::from_raw_parts_mut(at.add((r - r0) * ld), width);
                         let tail = Tail {
                             bias: row_bias,
                             scale: factors(scale, c0..c1),
-                            residual: residual.map(|res| &res[first..][..c1 - c0]),
+                            residual: residual.map(|res| &res[first..][..width]),
                             activation,
                         };
                         apply_epilogue(row, tail);
                     }
                 }
+            };
+            let at = |r: usize, c: usize| bi * m * n + r * n + c;
+            if in_place {
+                // `U` is `T`: the block is computed where it is written, rows `n` apart.
+                compute(dst.ptr().wrapping_add(at(r0, c0)).cast::<T>(), n, c0, c1);
+                return;
             }
+            // A cast: the block is computed in a scratch tile and written converted. A band of
+            // whole rows goes in runs of columns whose tile takes a quarter of L2 (the GEMM's
+            // packed right operand needs the rest), each run repacking only the band's few
+            // rows of the left operand; a block of columns goes whole (runs of it would each
+            // repack all rows of the left operand).
+            let step = if by_columns || gemv_path {
+                c1 - c0
+            } else {
+                (TILE_BYTES / 4 / ((r1 - r0) * std::mem::size_of::<T>()) / 16 * 16).max(16)
+            };
+            with_scratch::<T, _>((r1 - r0) * step.min(c1 - c0), |tile| {
+                for s0 in (c0..c1).step_by(step) {
+                    let s1 = (s0 + step).min(c1);
+                    let width = s1 - s0;
+                    compute(tile.as_mut_ptr(), width, s0, s1);
+                    for (r, row) in tile.chunks_exact(width).take(r1 - r0).enumerate() {
+                        // SAFETY: row r0 + r, columns s0..s1 of the task's block, its alone.
+                        let out = unsafe {
+                            std::slice::from_raw_parts_mut(dst.ptr().add(at(r0 + r, s0)), width)
+                        };
+                        U::convert(row, out);
+                    }
+                }
+            });
         });
     }
     if m * n == 0 {
@@ -276,37 +391,46 @@ pub fn matmul(
             }
         };
     }
-    if k == 0 {
-        // An empty sum is zero (gemm is not asked to define it); the epilogue still applies.
-        macro_rules! empty_sum {
-            ($c:expr, $t:ty) => {{
-                $c.fill(0.0);
-                let plan = plan!($t);
-                for (i, row) in $c.chunks_mut(n).enumerate() {
-                    let tail = Tail {
-                        bias: plan.bias.map_or(RowBias::None, RowBias::Each),
-                        scale: factors(plan.scale, 0..n),
-                        residual: plan.residual.map(|r| &r[i * n..][..n]),
-                        activation: plan.activation,
-                    };
-                    apply_epilogue(row, tail);
-                }
-            }};
+    /// An empty sum is zero (gemm is not asked to define it); the epilogue still applies.
+    fn empty_sum<T: Real, U: Output<T>>(c: &mut [U], n: usize, plan: &Plan<T>) {
+        let mut row = vec![T::ZERO; n];
+        for (i, out) in c.chunks_mut(n).enumerate() {
+            row.fill(T::ZERO);
+            let tail = Tail {
+                bias: plan.bias.map_or(RowBias::None, RowBias::Each),
+                scale: factors(plan.scale, 0..n),
+                residual: plan.residual.map(|r| &r[i * n..][..n]),
+                activation: plan.activation,
+            };
+            apply_epilogue(&mut row, tail);
+            U::convert(&row, out);
         }
-        match out {
-            Storage::F32(c) => empty_sum!(c, f32),
-            Storage::F64(c) => empty_sum!(c, f64),
-            _ => {}
-        }
-        return Ok(());
+    }
+    macro_rules! go {
+        ($x:expr, $y:expr, $c:expr, $t:ty) => {{
+            let plan = plan!($t);
+            if k == 0 {
+                empty_sum($c, n, &plan)
+            } else {
+                run($x, $y, $c, &plan)
+            }
+        }};
     }
     match (a.storage, b.storage, out) {
-        (Storage::F32(x), Storage::F32(y), Storage::F32(c)) => run(x, y, c, &plan!(f32)),
-        (Storage::F64(x), Storage::F64(y), Storage::F64(c)) => run(x, y, c, &plan!(f64)),
-        _ => {
+        (Storage::F32(x), Storage::F32(y), Storage::F32(c)) => go!(x, y, c, f32),
+        (Storage::F32(x), Storage::F32(y), Storage::F64(c)) => go!(x, y, c, f32),
+        (Storage::F32(x), Storage::F32(y), Storage::F16(c)) => go!(x, y, c, f32),
+        (Storage::F32(x), Storage::F32(y), Storage::BF16(c)) => go!(x, y, c, f32),
+        (Storage::F64(x), Storage::F64(y), Storage::F64(c)) => go!(x, y, c, f64),
+        (Storage::F64(x), Storage::F64(y), Storage::F32(c)) => go!(x, y, c, f64),
+        (Storage::F64(x), Storage::F64(y), Storage::F16(c)) => go!(x, y, c, f64),
+        (Storage::F64(x), Storage::F64(y), Storage::BF16(c)) => go!(x, y, c, f64),
+        (x, y, c) => {
             return Err(format!(
-                "gemm matmul supports f32 and f64, not {}",
-                a.storage.dtype()
+                "gemm matmul computes f32 and f64 products into float outputs, not {} @ {} into {}",
+                x.dtype(),
+                y.dtype(),
+                c.dtype()
             ))
         }
     }

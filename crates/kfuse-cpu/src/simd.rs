@@ -67,6 +67,47 @@ pub(crate) fn silu_f32_slice(values: &mut [f32]) {
     }
 }
 
+/// `dst[i] = bf16::from_f32(src[i])` (round to nearest, ties to even; NaN stays NaN, quiet):
+/// the IR's cast to bf16, sixteen lanes at a time in integer arithmetic on AVX-512.
+pub(crate) fn bf16_from_f32_slice(src: &[f32], dst: &mut [kfuse_ir::bf16]) {
+    assert_eq!(src.len(), dst.len(), "one value for each");
+    let whole = {
+        #[cfg(target_arch = "x86_64")]
+        if avx512() {
+            // SAFETY: the CPU has the features the function is compiled for.
+            unsafe { x86::bf16_from_f32_slice(src, dst) }
+        } else {
+            0
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        0
+    };
+    for (d, &v) in dst[whole..].iter_mut().zip(&src[whole..]) {
+        *d = kfuse_ir::bf16::from_f32(v);
+    }
+}
+
+/// `dst[i] = f16::from_f32(src[i])` (round to nearest, ties to even): the IR's cast to f16,
+/// sixteen lanes at a time through AVX-512's conversion, the instruction behind F16C's, which
+/// `f16::from_f32` uses where the CPU has it.
+pub(crate) fn f16_from_f32_slice(src: &[f32], dst: &mut [kfuse_ir::f16]) {
+    assert_eq!(src.len(), dst.len(), "one value for each");
+    let whole = {
+        #[cfg(target_arch = "x86_64")]
+        if avx512() {
+            // SAFETY: the CPU has the features the function is compiled for.
+            unsafe { x86::f16_from_f32_slice(src, dst) }
+        } else {
+            0
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        0
+    };
+    for (d, &v) in dst[whole..].iter_mut().zip(&src[whole..]) {
+        *d = kfuse_ir::f16::from_f32(v);
+    }
+}
+
 /// `values[i] = tanh_f32(values[i])` for every element.
 pub(crate) fn tanh_f32_slice(values: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -503,6 +544,57 @@ mod x86 {
         each16(values, |x| tanh16(x))
     }
 
+    /// The whole blocks of sixteen of [`super::bf16_from_f32_slice`]; returns how many
+    /// elements it converted.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn bf16_from_f32_slice(src: &[f32], dst: &mut [kfuse_ir::bf16]) -> usize {
+        let c = _mm512_set1_epi32;
+        let blocks = src.len().min(dst.len()) / 16;
+        for b in 0..blocks {
+            // SAFETY: block b's sixteen elements lie in both slices; bf16 is two bytes.
+            unsafe {
+                let x = _mm512_loadu_si512(src.as_ptr().add(16 * b).cast());
+                let magnitude = _mm512_and_si512(x, c(0x7fff_ffff));
+                let nan = _mm512_cmpgt_epu32_mask(magnitude, c(0x7f80_0000));
+                // Ties to even: add 0x7fff and the lowest kept bit, then drop 16 bits (a carry
+                // into the exponent rounds up to the next binade, or to infinity).
+                let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(x), c(1));
+                let rounded =
+                    _mm512_srli_epi32::<16>(_mm512_add_epi32(_mm512_add_epi32(x, c(0x7fff)), odd));
+                // A NaN keeps its sign and upper payload, made quiet.
+                let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(x), c(0x40));
+                let bits = _mm512_mask_blend_epi32(nan, rounded, quiet);
+                _mm256_storeu_si256(
+                    dst.as_mut_ptr().add(16 * b).cast(),
+                    _mm512_cvtepi32_epi16(bits),
+                );
+            }
+        }
+        16 * blocks
+    }
+
+    /// The whole blocks of sixteen of [`super::f16_from_f32_slice`]; returns how many elements
+    /// it converted.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn f16_from_f32_slice(src: &[f32], dst: &mut [kfuse_ir::f16]) -> usize {
+        let blocks = src.len().min(dst.len()) / 16;
+        for b in 0..blocks {
+            // SAFETY: block b's sixteen elements lie in both slices; f16 is two bytes.
+            unsafe {
+                let x = _mm512_loadu_ps(src.as_ptr().add(16 * b));
+                let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+                _mm256_storeu_si256(dst.as_mut_ptr().add(16 * b).cast(), h);
+            }
+        }
+        16 * blocks
+    }
+
     /// One block of sixteen lanes through all three steps.
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq")]
@@ -660,6 +752,75 @@ mod tests {
             .map(|i| f32::from_bits((i * 1021) as u32))
             .collect();
         check(&patterns, slice, scalar, name);
+    }
+
+    /// The cast forms give `bf16::from_f32` and `f16::from_f32` bit for bit (checked once
+    /// over all 2^32 inputs): here every length up to 40, the special values, the rounding
+    /// ties and overflow edges of both types, and a stride through all bit patterns.
+    #[test]
+    fn half_casts_match_the_scalar_bits() {
+        let mut values: Vec<f32> = vec![
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7fa0_0001),
+            f32::from_bits(0xff80_0001),
+            f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            f32::from_bits(0x8000_0001),
+            f32::MAX,
+            f32::MIN,
+            65504.0,
+            65519.996,
+            65520.0,
+            -65520.0,
+            2.980_232_2e-8,
+            5.960_464_5e-8,
+        ];
+        // bf16 ties (the dropped half exactly 0x8000) above odd and even kept bits, and their
+        // neighbours; bf16's overflow edge.
+        for base in [
+            0x3f80_0000u32,
+            0x3f81_0000,
+            0x7f7f_0000,
+            0x7f7e_0000,
+            0x0001_0000,
+        ] {
+            for low in [0x7fff, 0x8000, 0x8001] {
+                values.push(f32::from_bits(base | low));
+                values.push(-f32::from_bits(base | low));
+            }
+        }
+        let patterns = (0..(1u64 << 22)).map(|i| f32::from_bits((i * 1021) as u32));
+        values.extend(patterns);
+        let check = |src: &[f32]| {
+            let mut b = vec![kfuse_ir::bf16::ZERO; src.len()];
+            bf16_from_f32_slice(src, &mut b);
+            let mut h = vec![kfuse_ir::f16::ZERO; src.len()];
+            f16_from_f32_slice(src, &mut h);
+            for (i, &v) in src.iter().enumerate() {
+                let (want_b, want_h) = (kfuse_ir::bf16::from_f32(v), kfuse_ir::f16::from_f32(v));
+                assert_eq!(
+                    b[i].to_bits(),
+                    want_b.to_bits(),
+                    "bf16 of {v:e} ({:#x})",
+                    v.to_bits()
+                );
+                assert_eq!(
+                    h[i].to_bits(),
+                    want_h.to_bits(),
+                    "f16 of {v:e} ({:#x})",
+                    v.to_bits()
+                );
+            }
+        };
+        for len in 0..40 {
+            check(&values[..len]);
+        }
+        check(&values);
     }
 
     #[test]

@@ -71,6 +71,9 @@ pub struct StructuredGroup {
     pub activation: Option<NodeId>,
     /// The sigmoid node of a SiLU `activation`.
     pub sigmoid: Option<NodeId>,
+    /// Matmul only: a `cast` of the previous result to another float dtype, the group's last
+    /// step (the product is written in that dtype, tile by tile).
+    pub cast: Option<NodeId>,
 }
 
 /// The activations a structured kernel applies to its output tiles: elementwise, with a
@@ -204,12 +207,14 @@ impl StructuredGroup {
             .chain(self.residual_add)
             .chain(self.sigmoid)
             .chain(self.activation)
+            .chain(self.cast)
             .collect()
     }
 
     /// The node whose result the group writes.
     pub fn last(&self) -> NodeId {
-        self.activation
+        self.cast
+            .or(self.activation)
             .or(self.residual_add)
             .or(self.scale_mul)
             .or(self.bias_add)
@@ -218,9 +223,10 @@ impl StructuredGroup {
 
     /// Why the group's result is stored by one kernel: what it absorbed, and how.
     pub fn reason(&self, graph: &Graph) -> String {
-        let name = |n: NodeId| match Activation::of_node(graph, n) {
-            Some(Activation::Silu) => format!("silu %{}", n.0),
-            _ => format!("{} %{}", graph.node(n).op.name(), n.0),
+        let name = |n: NodeId| match (Activation::of_node(graph, n), &graph.node(n).op) {
+            (Some(Activation::Silu), _) => format!("silu %{}", n.0),
+            (_, Op::Cast { to }) => format!("cast %{} to {to}", n.0),
+            (_, op) => format!("{} %{}", op.name(), n.0),
         };
         let mut parts = Vec::new();
         for (side, t) in ["left", "right"].iter().zip(self.transposed) {
@@ -260,6 +266,7 @@ impl StructuredGroup {
             .chain(self.scale_mul)
             .chain(self.residual_add)
             .chain(self.activation)
+            .chain(self.cast)
             .map(name)
             .collect();
         if !epilogue.is_empty() {
@@ -285,6 +292,7 @@ impl StructuredGroup {
             || self.scale_mul.is_some()
             || self.residual_add.is_some()
             || self.activation.is_some()
+            || self.cast.is_some()
     }
 }
 
@@ -434,6 +442,46 @@ fn scale_after(
         && node.types[0] == *graph.ty(v)
         && (single || is_channel_bias(graph, anchor, factor)))
     .then_some((user, factor))
+}
+
+/// The `cast` of `last`'s result (matmul `anchor`'s group so far) to another float dtype, if it is `v`'s only
+/// user; a note says why a cast that reads `v` stays a kernel of its own.
+fn cast_after(
+    graph: &Graph,
+    users: &BTreeMap<Value, Vec<NodeId>>,
+    (anchor, last): (NodeId, NodeId),
+    notes: &mut Vec<String>,
+) -> Option<NodeId> {
+    let v = value(last);
+    let readers = users.get(&v).map(Vec::as_slice).unwrap_or_default();
+    let cast = readers
+        .iter()
+        .copied()
+        .find(|&u| matches!(graph.node(u).op, Op::Cast { .. }))?;
+    let Op::Cast { to } = graph.node(cast).op else {
+        unreachable!("found as a cast")
+    };
+    let from = graph.ty(v).dtype;
+    let why = if !to.is_float() {
+        format!("{to} is not a float type")
+    } else if to == from {
+        "it converts to the product's own dtype".to_string()
+    } else {
+        match single_use(graph, users, v) {
+            Ok(_) => return Some(cast),
+            Err(why) => format!(
+                "{} %{} {}",
+                graph.node(last).op.name(),
+                last.0,
+                why.trim_start_matches("it ")
+            ),
+        }
+    };
+    notes.push(format!(
+        "matmul %{} keeps cast %{} in a separate kernel: {why}",
+        anchor.0, cast.0
+    ));
+    None
 }
 
 /// Whether `bias` adds one value per channel to `conv`'s output without changing its shape.
@@ -634,6 +682,7 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             residual: None,
             activation: None,
             sigmoid: None,
+            cast: None,
         };
         if graph.node(id).op == Op::MatMul {
             let operands = &graph.node(id).operands;
@@ -730,6 +779,9 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
                     ));
                 }
             }
+        }
+        if graph.node(id).op == Op::MatMul {
+            group.cast = cast_after(graph, &users, (id, group.last()), notes);
         }
         if group.absorbs() {
             taken.extend(group.nodes());

@@ -158,6 +158,7 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                         scale: group.scale.is_some(),
                         residual: group.residual.is_some(),
                         activation: group.activation.and_then(|a| Activation::of_node(graph, a)),
+                        cast: group.cast.is_some(),
                     },
                     inputs,
                     outputs: vec![

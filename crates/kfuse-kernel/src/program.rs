@@ -106,6 +106,9 @@ pub struct StructuredCall {
     pub residual: bool,
     /// Then this activation.
     pub activation: Option<Activation>,
+    /// Matmuls only: then a conversion to the output buffer's float dtype (the product is
+    /// computed in its operands' dtype).
+    pub cast: bool,
 }
 
 impl StructuredCall {
@@ -152,6 +155,9 @@ impl StructuredCall {
         }
         if let Some(a) = self.activation {
             parts.push(a.name());
+        }
+        if self.cast {
+            parts.push("cast");
         }
         parts.join("+")
     }

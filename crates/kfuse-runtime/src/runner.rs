@@ -320,6 +320,7 @@ impl<'a> Runner<'a> {
                         scale: false,
                         residual: false,
                         activation: None,
+                        cast: false,
                     };
                     let view = |i: usize| kfuse_cpu::dense::View {
                         storage: storage_of(ins[i]).expect("library inputs are computed first"),
@@ -370,8 +371,16 @@ impl<'a> Runner<'a> {
                         dims: program.buffer(b).ty.shape.dims(),
                     };
                     let out_ty = &program.buffer(outputs[0]).ty;
+                    // The dtype the anchor computes in: its output's, or before a cast its
+                    // operands' (a cast goes to another float dtype).
+                    let compute = if call.cast {
+                        program.buffer(ins[0]).ty.dtype
+                    } else {
+                        out_ty.dtype
+                    };
                     let fast = self.numerics == Numerics::Fast
-                        && kfuse_cpu::conv::supported(out_ty.dtype)
+                        && kfuse_cpu::conv::supported(compute)
+                        && kfuse_cpu::matmul::writes(compute, out_ty.dtype)
                         && !call_padded_weights_not_finite(call, &|i| view(ins[i]).storage);
                     let result = if fast {
                         let operand = |i: usize| view(ins[i]);
@@ -387,7 +396,7 @@ impl<'a> Runner<'a> {
                             Array::new(program.buffer(b).ty.shape.clone(), view(b).storage.clone())
                                 .expect("buffer matches its type")
                         };
-                        reference_structured(call, ins, out_ty, array).map(|a| {
+                        reference_structured(call, ins, (out_ty, compute), array).map(|a| {
                             taken[0].1 = a.into_storage();
                         })
                     };
@@ -557,7 +566,7 @@ fn call_padded_weights_not_finite<'s>(
 fn reference_structured<'a>(
     call: &kfuse_kernel::StructuredCall,
     inputs: &[BufId],
-    out_ty: &kfuse_ir::TensorType,
+    (out_ty, compute): (&kfuse_ir::TensorType, kfuse_ir::DType),
     array: impl Fn(BufId) -> Array + 'a,
 ) -> Result<Array, String> {
     use kfuse_ir::{BinaryOp, Op};
@@ -566,6 +575,13 @@ fn reference_structured<'a>(
         kfuse_interp::eval_op(&op, std::slice::from_ref(ty), operands, &custom)
             .map(|mut results| results.remove(0))
     };
+    // The steps before a cast compute in `compute`, the operands' dtype.
+    let final_ty = out_ty;
+    let computed = kfuse_ir::TensorType {
+        dtype: compute,
+        shape: out_ty.shape.clone(),
+    };
+    let out_ty = &computed;
     let mut next = inputs.iter().copied();
     let mut y = match &call.anchor {
         Anchor::Conv { depthwise, conv } => {
@@ -624,6 +640,9 @@ fn reference_structured<'a>(
     }
     if let Some(activation) = call.activation {
         y = reference_activation(activation, out_ty, &y)?;
+    }
+    if call.cast {
+        y = eval(Op::Cast { to: final_ty.dtype }, final_ty, &[&y])?;
     }
     Ok(y)
 }

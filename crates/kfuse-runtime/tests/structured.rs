@@ -75,12 +75,29 @@ fn check(graph: &Graph, inputs: &[(String, Array)], terms: usize, what: &str) ->
     let (fast, _) = build(graph, Numerics::Fast)
         .run(inputs, &CustomOps::new())
         .unwrap();
-    let eps = match want[0].1.dtype() {
-        kfuse_ir::DType::F32 => f32::EPSILON as f64,
-        _ => f64::EPSILON,
+    // The programs compute in their float inputs' dtype; an output of another dtype is a cast
+    // of the sum, which may round two nearby sums one step apart (at most a step of the
+    // output's dtype, relative or, below its normal range, absolute).
+    let compute = graph
+        .inputs()
+        .map(|(_, _, ty)| ty.dtype)
+        .find(|d| d.is_float())
+        .unwrap_or(want[0].1.dtype());
+    let step = |dtype: kfuse_ir::DType| match dtype {
+        kfuse_ir::DType::F16 => (2f64.powi(-10), 2f64.powi(-24)),
+        kfuse_ir::DType::BF16 => (2f64.powi(-7), 2f64.powi(-133)),
+        kfuse_ir::DType::F32 => (f32::EPSILON as f64, 2f64.powi(-149)),
+        _ => (f64::EPSILON, 0.0),
     };
+    let eps = step(compute).0;
     for ((name, w), ((_, f), (_, m))) in want.iter().zip(fast.iter().zip(&magnitude)) {
         assert_eq!(w.shape(), f.shape(), "{what}: {name}");
+        assert_eq!(w.dtype(), f.dtype(), "{what}: {name}");
+        let (rel, abs) = if w.dtype() == compute {
+            (0.0, 0.0)
+        } else {
+            step(w.dtype())
+        };
         for i in 0..w.n_elems() {
             let (wv, fv) = (w.get_f64(i), f.get_f64(i));
             if !wv.is_finite() {
@@ -91,7 +108,10 @@ fn check(graph: &Graph, inputs: &[(String, Array)], terms: usize, what: &str) ->
                 continue;
             }
             differing += (wv.to_bits() != fv.to_bits()) as usize;
-            let bound = 2.0 * terms as f64 * eps * m.get_f64(i) + f64::MIN_POSITIVE;
+            let bound = 2.0 * terms as f64 * eps * m.get_f64(i)
+                + rel * wv.abs().max(fv.abs())
+                + abs
+                + f64::MIN_POSITIVE;
             assert!(
                 (wv - fv).abs() <= bound,
                 "{what}: {name}[{i}] reference {wv}, fast {fv}, bound {bound}"
@@ -1033,6 +1053,51 @@ fn structured_matmuls_match_the_reference() {
              %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = gelu(%s)\noutput \"y\" = %y\n",
             18,
         ),
+        // Casts after the epilogue: to bf16 over column blocks, to f16 over bands of rows (a
+        // large product with a narrow output), over column blocks of a large product without
+        // any other pass, on the GEMV path and with K = 0; an f64 product narrowed to f32
+        // through a transposed operand; a batched f32 product with a residual widened to f64;
+        // an f64 product to bf16.
+        (
+            "%x = input() name=\"x\" : f32[40, 33]\n%w = input() name=\"w\" : f32[33, 300]\n%b = input() name=\"b\" : f32[300]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%g = gelu(%s)\n%y = cast(%g) to=bf16\noutput \"y\" = %y\n",
+            34,
+        ),
+        (
+            "%x = input() name=\"x\" : f32[600, 70]\n%w = input() name=\"w\" : f32[70, 120]\n%b = input() name=\"b\" : f32[120]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%r = relu(%s)\n%y = cast(%r) to=f16\noutput \"y\" = %y\n",
+            71,
+        ),
+        (
+            "%x = input() name=\"x\" : f32[64, 300]\n%w = input() name=\"w\" : f32[300, 260]\n%b = input() name=\"b\" : f32[260]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = cast(%s) to=f16\noutput \"y\" = %y\n",
+            301,
+        ),
+        (
+            "%x = input() name=\"x\" : f32[1, 50]\n%w = input() name=\"w\" : f32[50, 70]\n%b = input() name=\"b\" : f32[70]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = cast(%s) to=f16\noutput \"y\" = %y\n",
+            51,
+        ),
+        (
+            "%x = input() name=\"x\" : f32[4, 0]\n%w = input() name=\"w\" : f32[0, 3]\n%b = input() name=\"b\" : f32[3]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = cast(%s) to=bf16\noutput \"y\" = %y\n",
+            1,
+        ),
+        (
+            "%x = input() name=\"x\" : f64[17, 3]\n%w = input() name=\"w\" : f64[17, 130]\n\
+             %xt = permute(%x) perm=[1, 0]\n%h = matmul(%xt, %w)\n%y = cast(%h) to=f32\noutput \"y\" = %y\n",
+            17,
+        ),
+        (
+            "%a = input() name=\"a\" : f32[3, 4, 6]\n%w = input() name=\"w\" : f32[6, 130]\n%r = input() name=\"r\" : f32[3, 4, 130]\n\
+             %h = matmul(%a, %w)\n%s = add(%h, %r)\n%y = cast(%s) to=f64\noutput \"y\" = %y\n",
+            7,
+        ),
+        (
+            "%x = input() name=\"x\" : f64[9, 21]\n%w = input() name=\"w\" : f64[21, 13]\n\
+             %h = matmul(%x, %w)\n%r = relu(%h)\n%y = cast(%r) to=bf16\noutput \"y\" = %y\n",
+            21,
+        ),
     ];
     for (k, (text, terms)) in programs.iter().enumerate() {
         let graph = parse_graph(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
@@ -1155,6 +1220,103 @@ fn random_convolutions_match_the_reference() {
     );
 }
 
+/// A cast epilogue rounds as the IR's `cast` does, bit for bit: products of one term (exact
+/// or rounded once, as the reference rounds them) of edge values, cast to every other float
+/// dtype. Ties to even in bf16 and f16, the edge of f16's range (65520 rounds to infinity),
+/// its subnormals and the tie below them, f32 subnormals, infinities, NaN and signed zeros.
+#[test]
+fn cast_epilogues_round_as_the_reference_bit_for_bit() {
+    let xs: Vec<f64> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        65504.0,
+        65519.99609375,
+        65520.0,
+        1.0e-5,
+        6.0e-8,
+        2f64.powi(-25),
+        1.0e-40,
+        -2.5e-39,
+        f32::MAX as f64,
+        1.00390625,
+        1.01171875,
+        -3.333333333,
+        7.0e-3,
+    ];
+    let ws = [1.0, -1.0, 0.5, 2.0, 3.0, 0.0, 1.0e-3];
+    for (from, to) in [
+        ("f32", "bf16"),
+        ("f32", "f16"),
+        ("f32", "f64"),
+        ("f64", "f32"),
+        ("f64", "f16"),
+        ("f64", "bf16"),
+    ] {
+        // One row (the GEMV path) and many (the GEMM), a ReLU between the product and the cast
+        // for some.
+        for (m, relu) in [(xs.len(), false), (xs.len(), true), (1, false)] {
+            let n = ws.len();
+            let (last, act) = if relu {
+                ("%r", "%r = relu(%h)\n")
+            } else {
+                ("%h", "")
+            };
+            let text = format!(
+                "%x = input() name=\"x\" : {from}[{m}, 1]\n%w = input() name=\"w\" : {from}[1, {n}]\n\
+                 %h = matmul(%x, %w)\n{act}%y = cast({last}) to={to}\noutput \"y\" = %y\n"
+            );
+            let graph = parse_graph(&text).unwrap();
+            let dtype = if from == "f32" {
+                kfuse_ir::DType::F32
+            } else {
+                kfuse_ir::DType::F64
+            };
+            let array = |dims: Vec<usize>, v: Vec<f64>| {
+                kfuse_interp::elementwise::cast(&Array::from_vec(dims, v).unwrap(), dtype)
+            };
+            let inputs = vec![
+                ("x".to_string(), array(vec![m, 1], xs[..m].to_vec())),
+                ("w".to_string(), array(vec![1, n], ws.to_vec())),
+            ];
+            let want = kfuse_interp::run(&graph, &inputs, &CustomOps::new()).unwrap();
+            for numerics in [Numerics::Fast, Numerics::Strict] {
+                let exe = build(&graph, numerics);
+                assert!(
+                    matches!(
+                        exe.program.steps[..],
+                        [kfuse_kernel::Step::Structured { .. }]
+                    ),
+                    "{from} -> {to}: one structured step"
+                );
+                let (got, _) = exe.run(&inputs, &CustomOps::new()).unwrap();
+                let (w, g) = (&want[0].1, &got[0].1);
+                assert_eq!(g.dtype(), w.dtype());
+                for i in 0..w.n_elems() {
+                    let (a, b) = (w.get_f64(i), g.get_f64(i));
+                    // Fast GEMMs may give a zero product's sum either sign (the reference sums
+                    // from +0); every other value is the reference's, bit for bit.
+                    let same = match numerics {
+                        Numerics::Fast => a == b,
+                        Numerics::Strict => w.get_bits(i) == g.get_bits(i),
+                    };
+                    assert!(
+                        same || a.is_nan() && b.is_nan(),
+                        "{from} -> {to} ({numerics:?}, relu {relu}): element {i} \
+                         (x {}, w {}) reference {a:e}, got {b:e}",
+                        xs[i / n],
+                        ws[i % n]
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn random_structured_matmuls_match_the_reference() {
     let mut rng = Rng::new(91);
@@ -1244,6 +1406,18 @@ fn random_structured_matmuls_match_the_reference() {
         } else {
             text += &format!("%r = {activation}({sum})\n");
             "%r"
+        };
+        // One draw in four casts the result to another float dtype.
+        let last = match rng.below(8) {
+            0 => {
+                text += &format!("%c = cast({last}) to=bf16\n");
+                "%c"
+            }
+            1 => {
+                text += &format!("%c = cast({last}) to=f16\n");
+                "%c"
+            }
+            _ => last,
         };
         text += &format!("output \"y\" = {last}\n");
         check_one_step(&text, 5000 + k, kk + 2, &format!("random matmul {k}"));
