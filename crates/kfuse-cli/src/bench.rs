@@ -446,6 +446,7 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
                 || o == "mobilenet"
                 || o.starts_with("inverted")
                 || o == "mbconv"
+                || o == "mbv3"
         })
     {
         report["convolutions"] = conv_workloads(&cache, runs, quick, as_json, only)?;
@@ -875,14 +876,16 @@ fn conv_workloads(
     }
     // A MobileNetV2 inverted residual: `c` channels expanded to `e`, depthwise, projected back
     // to `c`, bias and ReLU6 after the first two, bias and the skip connection after the last.
-    // With `silu`, EfficientNet's MBConv: SiLU (`mul(x, sigmoid(x))`) in place of ReLU6.
-    let inverted = |id: &str, n: usize, c: usize, e: usize, hw: usize, silu: bool| -> Result<_> {
-        let relu6 = |v: &str, out: &str| {
-            if silu {
-                format!("%{out}s = sigmoid(%{v})\n%{out} = mul(%{v}, %{out}s)\n")
-            } else {
-                format!("%{out} = clamp(%{v}, %lo, %hi)\n")
-            }
+    // With `silu`, EfficientNet's MBConv: SiLU (`mul(x, sigmoid(x))`) in place of ReLU6; with
+    // `hardswish`, MobileNetV3's block: `x * relu6(x + 3) / 6`.
+    let inverted = |id: &str, n: usize, c: usize, e: usize, hw: usize, act: &str| -> Result<_> {
+        let relu6 = |v: &str, out: &str| match act {
+            "silu" => format!("%{out}s = sigmoid(%{v})\n%{out} = mul(%{v}, %{out}s)\n"),
+            "hardswish" => format!(
+                "%{out}a = add(%{v}, %three)\n%{out}c = clamp(%{out}a, %lo, %hi)\n\
+                 %{out}m = mul(%{v}, %{out}c)\n%{out} = div(%{out}m, %hi)\n"
+            ),
+            _ => format!("%{out} = clamp(%{v}, %lo, %hi)\n"),
         };
         let block = input("x", &[n, c, hw, hw])
             + &input("we", &[e, c, 1, 1])
@@ -892,6 +895,7 @@ fn conv_workloads(
             + &input("wp", &[c, e, 1, 1])
             + &input("bp", &[c, 1, 1])
             + "%lo = constant() value=[0.0] : f32[]\n%hi = constant() value=[6.0] : f32[]\n"
+            + "%three = constant() value=[3.0] : f32[]\n"
             + &conv("x", "we", "x1", 1, 0)
             + "%x2 = add(%x1, %be)\n"
             + &relu6("x2", "x3")
@@ -908,10 +912,10 @@ fn conv_workloads(
             ("wp".to_string(), randn(&[c, e, 1, 1], 0.1)?),
             ("bp".to_string(), randn(&[c, 1, 1], 0.1)?),
         ];
-        let what = if silu {
-            "EfficientNet MBConv block (SiLU)"
-        } else {
-            "MobileNetV2 block"
+        let what = match act {
+            "silu" => "EfficientNet MBConv block (SiLU)",
+            "hardswish" => "MobileNetV3 block (hard-swish)",
+            _ => "MobileNetV2 block",
         };
         fused_against_unfused(
             id,
@@ -929,7 +933,7 @@ fn conv_workloads(
             24,
             144,
             if quick { 14 } else { 56 },
-            false,
+            "relu6",
         )?);
     }
     if wanted("mbconv") {
@@ -940,8 +944,12 @@ fn conv_workloads(
             24,
             144,
             if quick { 14 } else { 56 },
-            true,
+            "silu",
         )?);
+    }
+    if wanted("mbv3") {
+        // MobileNetV3-Large's fourth stage: 80 channels at 14×14 expanded to 240, hard-swish.
+        rows.push(inverted("mbv3", n, 80, 240, 14, "hardswish")?);
     }
     if wanted("inverted7") {
         // The last stage at batch 1: 160 channels at 7×7, expanded to 960.
@@ -951,7 +959,7 @@ fn conv_workloads(
             160,
             if quick { 240 } else { 960 },
             7,
-            false,
+            "relu6",
         )?);
     }
     if wanted("W7") {

@@ -107,6 +107,7 @@ enum Command {
         /// with a bias and ReLU after each half, fused against unfused; inverted: a MobileNetV2
         /// inverted residual at 56×56, fused against unfused; inverted7: one of its last stage,
         /// 7×7 at batch 1; mbconv: EfficientNet's MBConv block, the inverted residual with SiLU;
+        /// mbv3: MobileNetV3's block with hard-swish, 80 channels at 14×14 expanded to 240;
         /// cast: a dense layer stored in bf16, the cast in the GEMM's epilogue).
         #[arg(value_name = "ID")]
         only: Vec<String>,

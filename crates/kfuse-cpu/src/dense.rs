@@ -37,6 +37,7 @@ pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
     fn from_f64(value: f64) -> Self;
     fn add(self, other: Self) -> Self;
     fn mul(self, other: Self) -> Self;
+    fn div(self, other: Self) -> Self;
     /// `self * a + b`, fused (one rounding) where the code is compiled with FMA.
     fn mul_add(self, a: Self, b: Self) -> Self;
     /// The IR's `gelu_tanh` of every element (sixteen lanes at a time for f32 with AVX-512).
@@ -82,6 +83,9 @@ macro_rules! real {
             }
             fn mul(self, other: Self) -> Self {
                 self * other
+            }
+            fn div(self, other: Self) -> Self {
+                self / other
             }
             #[inline(always)]
             fn mul_add(self, a: Self, b: Self) -> Self {
@@ -457,6 +461,21 @@ fn slice_form<T: Real>(activation: Activation, values: &mut [T]) {
         Activation::Sigmoid => T::sigmoid_slice(values),
         Activation::Tanh => T::tanh_slice(values),
         Activation::Relu => values.iter_mut().for_each(|v| *v = relu(*v)),
+        Activation::HardSwish { divide_last } => {
+            if let Some(values) = T::f32s_mut(values) {
+                return crate::simd::hardswish_f32_slice(values, divide_last);
+            }
+            let (three, six) = (T::from_f64(3.0), T::from_f64(6.0));
+            if divide_last {
+                for v in values.iter_mut() {
+                    *v = v.mul(clamp(v.add(three), T::ZERO, six)).div(six);
+                }
+            } else {
+                for v in values.iter_mut() {
+                    *v = v.mul(clamp(v.add(three), T::ZERO, six).div(six));
+                }
+            }
+        }
         Activation::Clamp(bounds) => {
             let (lo, hi) = (T::from_f64(bounds.lo()), T::from_f64(bounds.hi()));
             for v in values.iter_mut() {

@@ -7,7 +7,7 @@
 //! %p = conv2d(%a, %wp)                   (1×1 pointwise)   pointwise GEMM
 //! %b = add(%p, %bias)                    (per channel)     -> bias -> residual ->
 //! %r = add(%b, %skip)                     (same shape)      activation, per output tile
-//! %y = relu(%r)      (or another activation: GELU, sigmoid, tanh, SiLU, a clamp)
+//! %y = relu(%r)      (or another activation: GELU, sigmoid, tanh, SiLU, hard-swish, a clamp)
 //! ```
 //!
 //! A matmul forms the same kind of group: operands that are transposes of the last two axes
@@ -43,8 +43,8 @@ pub struct StructuredGroup {
     /// An [`Activation`] of the depthwise result (after its bias), before the pointwise
     /// convolution.
     pub depthwise_activation: Option<NodeId>,
-    /// The sigmoid node of a SiLU `depthwise_activation`.
-    pub depthwise_sigmoid: Option<NodeId>,
+    /// The inner nodes of a compound `depthwise_activation` (SiLU, hard-swish).
+    pub depthwise_inner: Inner,
     /// A 1×1 convolution (with its own bias and activation) whose result only the depthwise
     /// convolution reads: MobileNetV2's expansion. Its output is never stored either.
     pub expand: Option<Chain>,
@@ -69,8 +69,8 @@ pub struct StructuredGroup {
     pub residual: Option<Value>,
     /// An [`Activation`] of the previous result.
     pub activation: Option<NodeId>,
-    /// The sigmoid node of a SiLU `activation`.
-    pub sigmoid: Option<NodeId>,
+    /// The inner nodes of a compound `activation` (SiLU, hard-swish).
+    pub activation_inner: Inner,
     /// Matmul only: a `cast` of the previous result to another float dtype, the group's last
     /// step (the product is written in that dtype, tile by tile).
     pub cast: Option<NodeId>,
@@ -87,11 +87,21 @@ pub enum Activation {
     Gelu,
     /// SiLU (swish), `mul(x, sigmoid(x))`: two nodes, the sigmoid rounded before the product.
     Silu,
+    /// Hard-swish (MobileNetV3), `x * relu6(x + 3) / 6` as four nodes: `add(x, 3)`,
+    /// `clamp(.., 0, 6)`, then either `div(mul(x, ..), 6)` (`divide_last`, the product
+    /// first, as PyTorch's decomposition) or `mul(x, div(.., 6))` (the hard sigmoid first).
+    HardSwish {
+        divide_last: bool,
+    },
     Sigmoid,
     Tanh,
     /// `clamp(x, lo, hi)` with constant bounds (ReLU6 is `clamp(x, 0, 6)`).
     Clamp(Bounds),
 }
+
+/// The nodes inside a compound activation before its last node, in order: a SiLU's sigmoid;
+/// a hard-swish's `add`, `clamp`, and `mul` or `div`.
+pub type Inner = [Option<NodeId>; 3];
 
 /// A clamp's constant bounds, kept as the bits of their f64 values (so that the activation
 /// compares exactly).
@@ -136,8 +146,8 @@ impl Activation {
     /// of a SiLU (`mul(x, sigmoid(x))`, either operand order).
     pub fn of_node(graph: &Graph, id: NodeId) -> Option<Activation> {
         let node = graph.node(id);
-        if node.op == Op::Binary(BinaryOp::Mul) {
-            return silu_parts(graph, id).map(|_| Activation::Silu);
+        if matches!(node.op, Op::Binary(BinaryOp::Mul | BinaryOp::Div)) {
+            return compound_parts(graph, id).map(|(a, _, _)| a);
         }
         if node.op != Op::Clamp {
             return Activation::of(&node.op);
@@ -157,7 +167,7 @@ impl Activation {
 
     /// The value activation node `id` (one [`Activation::of_node`] accepts) applies to.
     pub fn input(graph: &Graph, id: NodeId) -> Value {
-        silu_parts(graph, id).map_or(graph.node(id).operands[0], |(x, _)| x)
+        compound_parts(graph, id).map_or(graph.node(id).operands[0], |(_, x, _)| x)
     }
 
     /// The IR op's name, with a clamp's bounds: `relu`, `clamp to [0, 6]`.
@@ -175,6 +185,7 @@ impl Activation {
             Activation::GeluTanh => UnaryOp::GeluTanh.name(),
             Activation::Gelu => UnaryOp::Gelu.name(),
             Activation::Silu => "silu",
+            Activation::HardSwish { .. } => "hardswish",
             Activation::Sigmoid => UnaryOp::Sigmoid.name(),
             Activation::Tanh => UnaryOp::Tanh.name(),
             Activation::Clamp(_) => Op::Clamp.name(),
@@ -190,7 +201,7 @@ impl StructuredGroup {
         let expand = self.expand.map_or(Vec::new(), |e| {
             let mut nodes = vec![e.conv];
             nodes.extend(e.bias.map(|(add, _)| add));
-            nodes.extend(e.sigmoid);
+            nodes.extend(e.inner.iter().flatten());
             nodes.extend(e.activation);
             nodes
         });
@@ -198,14 +209,14 @@ impl StructuredGroup {
             .into_iter()
             .chain(self.depthwise)
             .chain(self.depthwise_bias_add)
-            .chain(self.depthwise_sigmoid)
+            .chain(self.depthwise_inner.iter().flatten().copied())
             .chain(self.depthwise_activation)
             .chain(transposes)
             .chain([self.anchor])
             .chain(self.bias_add)
             .chain(self.scale_mul)
             .chain(self.residual_add)
-            .chain(self.sigmoid)
+            .chain(self.activation_inner.iter().flatten().copied())
             .chain(self.activation)
             .chain(self.cast)
             .collect()
@@ -224,7 +235,9 @@ impl StructuredGroup {
     /// Why the group's result is stored by one kernel: what it absorbed, and how.
     pub fn reason(&self, graph: &Graph) -> String {
         let name = |n: NodeId| match (Activation::of_node(graph, n), &graph.node(n).op) {
-            (Some(Activation::Silu), _) => format!("silu %{}", n.0),
+            (Some(a @ (Activation::Silu | Activation::HardSwish { .. })), _) => {
+                format!("{} %{}", a.name(), n.0)
+            }
             (_, Op::Cast { to }) => format!("cast %{} to {to}", n.0),
             (_, op) => format!("{} %{}", op.name(), n.0),
         };
@@ -311,51 +324,137 @@ fn value(node: NodeId) -> Value {
     Value { node, result: 0 }
 }
 
-/// Why `v`'s only user cannot absorb it, if so: it has other users or is a graph output.
-/// For a `mul` node that is `x * sigmoid(x)` (either order; a float `x`, the result of `x`'s
-/// type): `x` and the sigmoid node.
-fn silu_parts(graph: &Graph, id: NodeId) -> Option<(Value, NodeId)> {
+/// For the last node of a compound activation of `x` (a float value; the result of `x`'s
+/// type): the activation, `x`, and its inner nodes. SiLU: `mul(x, sigmoid(x))`. Hard-swish:
+/// `div(mul(x, c), 6)` or `mul(x, div(c, 6))` with `c = clamp(add(x, 3), 0, 6)`, the constants
+/// single float values of `x`'s dtype; `mul` and `add` in either operand order.
+fn compound_parts(graph: &Graph, id: NodeId) -> Option<(Activation, Value, Inner)> {
     let node = graph.node(id);
-    if node.op != Op::Binary(BinaryOp::Mul) {
-        return None;
+    let op = |v: Value| &graph.node(v.node).op;
+    // The other operand of binary node `n`, given one of them.
+    let other = |n: &kfuse_ir::Node, v: Value| {
+        (n.operands[0] == v)
+            .then_some(n.operands[1])
+            .or((n.operands[1] == v).then_some(n.operands[0]))
+    };
+    let constant = |v: Value, want: f64| match op(v) {
+        Op::Constant { value } => {
+            value.n_elems() == 1 && value.dtype() == node.types[0].dtype && value.get_f64(0) == want
+        }
+        _ => false,
+    };
+    let result_of = |v: Value| v.result == 0 && graph.node(v.node).types[0] == node.types[0];
+    // `c = clamp(add(x, 3), 0, 6)`: `x` and the add.
+    let relu6_of_plus_3 = |c: Value| -> Option<(Value, NodeId)> {
+        let clamp = graph.node(c.node);
+        if *op(c) != Op::Clamp || !result_of(c) {
+            return None;
+        }
+        let [a, lo, hi] = clamp.operands[..] else {
+            return None;
+        };
+        if !constant(lo, 0.0)
+            || !constant(hi, 6.0)
+            || *op(a) != Op::Binary(BinaryOp::Add)
+            || !result_of(a)
+        {
+            return None;
+        }
+        let add = graph.node(a.node);
+        let x =
+            (0..2).find_map(|i| constant(add.operands[1 - i], 3.0).then_some(add.operands[i]))?;
+        Some((x, a.node))
+    };
+    let float_x = |x: Value| graph.ty(x).dtype.is_float() && *graph.ty(x) == node.types[0];
+    match node.op {
+        Op::Binary(BinaryOp::Mul) => (0..2).find_map(|i| {
+            let (x, s) = (node.operands[i], node.operands[1 - i]);
+            if !float_x(x) || !result_of(s) {
+                return None;
+            }
+            let inner = graph.node(s.node);
+            if inner.op == Op::Unary(UnaryOp::Sigmoid) && inner.operands[0] == x {
+                return Some((Activation::Silu, x, [Some(s.node), None, None]));
+            }
+            // `mul(x, div(c, 6))`.
+            if inner.op == Op::Binary(BinaryOp::Div) && constant(inner.operands[1], 6.0) {
+                let (x2, add) = relu6_of_plus_3(inner.operands[0])?;
+                return (x2 == x).then_some((
+                    Activation::HardSwish { divide_last: false },
+                    x,
+                    [Some(add), Some(inner.operands[0].node), Some(s.node)],
+                ));
+            }
+            None
+        }),
+        // `div(mul(x, c), 6)`.
+        Op::Binary(BinaryOp::Div) if constant(node.operands[1], 6.0) => {
+            let m = node.operands[0];
+            if *op(m) != Op::Binary(BinaryOp::Mul) || !result_of(m) {
+                return None;
+            }
+            let mul = graph.node(m.node);
+            (0..2).find_map(|i| {
+                let (x, c) = (mul.operands[i], mul.operands[1 - i]);
+                let (x2, add) = relu6_of_plus_3(c)?;
+                (x2 == x && float_x(x) && other(mul, x) == Some(c)).then_some((
+                    Activation::HardSwish { divide_last: true },
+                    x,
+                    [Some(add), Some(c.node), Some(m.node)],
+                ))
+            })
+        }
+        _ => None,
     }
-    (0..2).find_map(|i| {
-        let (x, s) = (node.operands[i], node.operands[1 - i]);
-        let sigmoid = graph.node(s.node);
-        (sigmoid.op == Op::Unary(UnaryOp::Sigmoid)
-            && s.result == 0
-            && sigmoid.operands[0] == x
-            && graph.ty(x).dtype.is_float()
-            && node.types[0] == *graph.ty(x))
-        .then_some((x, s.node))
-    })
 }
 
-/// The activation node that alone consumes `v`, with the sigmoid node of a SiLU (whose `x`
-/// is read by both): `v` is not a graph output, and its users are the activation alone, or a
-/// SiLU's sigmoid and `mul` whose sigmoid is read by the `mul` alone. Otherwise why not.
+/// The activation node that alone consumes `v`, with the inner nodes of a compound one (SiLU,
+/// hard-swish, which read `v` from more than one node): `v` is not a graph output, and its
+/// users are the activation alone, or the nodes of a compound activation of `v` whose inner
+/// nodes each have one user. Otherwise why not.
 fn activation_user(
     graph: &Graph,
     users: &BTreeMap<Value, Vec<NodeId>>,
     v: Value,
-) -> Result<Option<(NodeId, Option<NodeId>)>, String> {
+) -> Result<Option<(NodeId, Inner)>, String> {
     let readers = users.get(&v).map(Vec::as_slice).unwrap_or_default();
-    if let [a, b] = readers {
-        for (m, s) in [(*a, *b), (*b, *a)] {
-            if silu_parts(graph, m).is_some_and(|(x, sig)| x == v && sig == s) {
-                if graph.outputs().iter().any(|o| o.value == v) {
-                    return Err("it is a graph output".into());
-                }
-                single_use(graph, users, value(s))
-                    .map_err(|why| format!("sigmoid %{} of a SiLU: {why}", s.0))?;
-                return Ok(Some((m, Some(s))));
+    // A compound activation's last node lies at most three single-user steps after a reader.
+    let only_user = |n: NodeId| match users.get(&value(n)).map(Vec::as_slice) {
+        Some([u]) => Some(*u),
+        _ => None,
+    };
+    for &r in readers {
+        let mut at = Some(r);
+        for _ in 0..4 {
+            let Some(f) = at else { break };
+            at = only_user(f);
+            let Some((activation, x, inner)) = compound_parts(graph, f) else {
+                continue;
+            };
+            let nodes: Vec<NodeId> = inner.iter().flatten().copied().chain([f]).collect();
+            if x != v || !readers.iter().all(|r| nodes.contains(r)) {
+                continue;
             }
+            if graph.outputs().iter().any(|o| o.value == v) {
+                return Err("it is a graph output".into());
+            }
+            for &n in inner.iter().flatten() {
+                single_use(graph, users, value(n)).map_err(|why| {
+                    format!(
+                        "{} %{} of a {}: {why}",
+                        graph.node(n).op.name(),
+                        n.0,
+                        activation.name()
+                    )
+                })?;
+            }
+            return Ok(Some((f, inner)));
         }
     }
     let user = single_use(graph, users, v)?;
     Ok(
         (Activation::of_node(graph, user).is_some() && Activation::input(graph, user) == v)
-            .then_some((user, None)),
+            .then_some((user, [None; 3])),
     )
 }
 
@@ -519,8 +618,8 @@ pub struct Chain {
     /// The `add` and its bias operand.
     pub bias: Option<(NodeId, Value)>,
     pub activation: Option<NodeId>,
-    /// The sigmoid node of a SiLU `activation`.
-    pub sigmoid: Option<NodeId>,
+    /// The inner nodes of a compound `activation` (SiLU, hard-swish).
+    pub inner: Inner,
 }
 
 impl Chain {
@@ -537,9 +636,9 @@ impl Chain {
 /// to a convolution `accept` takes (its result 0).
 fn chain_back(graph: &Graph, mut v: Value, accept: &dyn Fn(NodeId) -> bool) -> Option<Chain> {
     let activation = Activation::of_node(graph, v.node).map(|_| v.node);
-    let sigmoid = activation
-        .and_then(|a| silu_parts(graph, a))
-        .map(|(_, s)| s);
+    let inner = activation
+        .and_then(|a| compound_parts(graph, a))
+        .map_or([None; 3], |(_, _, inner)| inner);
     if let Some(a) = activation {
         v = Activation::input(graph, a);
     }
@@ -560,7 +659,7 @@ fn chain_back(graph: &Graph, mut v: Value, accept: &dyn Fn(NodeId) -> bool) -> O
         conv: v.node,
         bias,
         activation,
-        sigmoid,
+        inner,
     })
 }
 
@@ -572,11 +671,11 @@ fn chain_refused(
     chain: &Chain,
 ) -> Option<String> {
     chain.links().into_iter().find_map(|link| {
-        // The value a SiLU reads is read by its sigmoid too.
-        let into_silu = chain
+        // The value a compound activation reads is read by its inner nodes too.
+        let into_compound = chain
             .activation
-            .filter(|&a| chain.sigmoid.is_some() && Activation::input(graph, a) == link);
-        let check = match into_silu {
+            .filter(|&a| chain.inner[0].is_some() && Activation::input(graph, a) == link);
+        let check = match into_compound {
             Some(a) => match activation_user(graph, users, link) {
                 Ok(Some((user, _))) if user == a => Ok(a),
                 Ok(_) => Err("it has other users".to_string()),
@@ -670,7 +769,7 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             depthwise_bias_add: None,
             depthwise_bias: None,
             depthwise_activation: None,
-            depthwise_sigmoid: None,
+            depthwise_inner: [None; 3],
             expand: None,
             transposed: [None, None],
             anchor: id,
@@ -681,7 +780,7 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             residual_add: None,
             residual: None,
             activation: None,
-            sigmoid: None,
+            activation_inner: [None; 3],
             cast: None,
         };
         if graph.node(id).op == Op::MatMul {
@@ -704,7 +803,7 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
                 group.depthwise_bias_add = d.bias.map(|(add, _)| add);
                 group.depthwise_bias = d.bias.map(|(_, b)| b);
                 group.depthwise_activation = d.activation;
-                group.depthwise_sigmoid = d.sigmoid;
+                group.depthwise_inner = d.inner;
                 group.expand = *expand;
             }
             Some(Err(why)) => notes.push(why.clone()),
@@ -760,9 +859,9 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             ));
         }
         match activation_user(graph, &users, value(last)) {
-            Ok(Some((user, sigmoid))) => {
+            Ok(Some((user, inner))) => {
                 group.activation = Some(user);
-                group.sigmoid = sigmoid;
+                group.activation_inner = inner;
             }
             Ok(None) => {}
             Err(why) => {

@@ -659,8 +659,30 @@ fn reference_activation(
         kfuse_interp::eval_op(&op, std::slice::from_ref(ty), operands, &custom)
             .map(|mut results| results.remove(0))
     };
+    // A constant of the value's dtype (the activations' constants convert to it exactly: they
+    // came from constants of that dtype).
+    let scalar = |v: f64| match ty.dtype {
+        kfuse_ir::DType::F32 => Ok(Array::scalar(v as f32)),
+        kfuse_ir::DType::F64 => Ok(Array::scalar(v)),
+        kfuse_ir::DType::F16 => Ok(Array::scalar(kfuse_ir::f16::from_f64(v))),
+        kfuse_ir::DType::BF16 => Ok(Array::scalar(kfuse_ir::bf16::from_f64(v))),
+        other => Err(format!("{} epilogue on {other}", activation.name())),
+    };
     match activation {
         kfuse_kernel::Activation::Relu => eval(Op::Unary(kfuse_ir::UnaryOp::Relu), &[x]),
+        kfuse_kernel::Activation::HardSwish { divide_last } => {
+            use kfuse_ir::BinaryOp::{Add, Div, Mul};
+            let six = scalar(6.0)?;
+            let c = eval(Op::Binary(Add), &[x, &scalar(3.0)?])?;
+            let c = eval(Op::Clamp, &[&c, &scalar(0.0)?, &six])?;
+            if divide_last {
+                let m = eval(Op::Binary(Mul), &[x, &c])?;
+                eval(Op::Binary(Div), &[&m, &six])
+            } else {
+                let h = eval(Op::Binary(Div), &[&c, &six])?;
+                eval(Op::Binary(Mul), &[x, &h])
+            }
+        }
         kfuse_kernel::Activation::GeluTanh => eval(Op::Unary(kfuse_ir::UnaryOp::GeluTanh), &[x]),
         kfuse_kernel::Activation::Gelu => eval(Op::Unary(kfuse_ir::UnaryOp::Gelu), &[x]),
         kfuse_kernel::Activation::Silu => {
@@ -669,17 +691,10 @@ fn reference_activation(
         }
         kfuse_kernel::Activation::Sigmoid => eval(Op::Unary(kfuse_ir::UnaryOp::Sigmoid), &[x]),
         kfuse_kernel::Activation::Tanh => eval(Op::Unary(kfuse_ir::UnaryOp::Tanh), &[x]),
-        kfuse_kernel::Activation::Clamp(bounds) => {
-            // The bounds came from constants of the value's dtype, so they convert exactly.
-            let bound = |v: f64| match ty.dtype {
-                kfuse_ir::DType::F32 => Ok(Array::scalar(v as f32)),
-                kfuse_ir::DType::F64 => Ok(Array::scalar(v)),
-                kfuse_ir::DType::F16 => Ok(Array::scalar(kfuse_ir::f16::from_f64(v))),
-                kfuse_ir::DType::BF16 => Ok(Array::scalar(kfuse_ir::bf16::from_f64(v))),
-                other => Err(format!("clamp epilogue on {other}")),
-            };
-            eval(Op::Clamp, &[x, &bound(bounds.lo())?, &bound(bounds.hi())?])
-        }
+        kfuse_kernel::Activation::Clamp(bounds) => eval(
+            Op::Clamp,
+            &[x, &scalar(bounds.lo())?, &scalar(bounds.hi())?],
+        ),
     }
 }
 

@@ -322,6 +322,9 @@ fn residual(layout: &str, dtype: &str, x: &str, groups: usize, act: &str) -> (St
     } else if act == "silu" {
         text += &silu("%r", "y");
         "%y"
+    } else if act.starts_with("hard") {
+        text += &hardswish("%r", "y", dtype, act);
+        "%y"
     } else {
         text += &format!("%y = {act}(%r)\n");
         "%y"
@@ -385,6 +388,28 @@ fn silu(v: &str, out: &str) -> String {
     format!("%{out}_sig = sigmoid({v})\n%{out} = mul({v}, %{out}_sig)\n")
 }
 
+/// Hard-swish of `v` (of `dtype`) into `%out`, as exporters write it: `x * relu6(x + 3) / 6`,
+/// the product first (`hardswish`, PyTorch's decomposition) or the hard sigmoid first
+/// (`hardsigmoid_mul`: `(relu6(3 + x) / 6) * x`, operands swapped).
+fn hardswish(v: &str, out: &str, dtype: &str, form: &str) -> String {
+    let mut text = format!(
+        "%{out}_3 = constant() value=[3.0] : {dtype}[]\n%{out}_0 = constant() value=[0.0] : {dtype}[]\n\
+         %{out}_6 = constant() value=[6.0] : {dtype}[]\n"
+    );
+    if form == "hardswish" {
+        text += &format!(
+            "%{out}_a = add({v}, %{out}_3)\n%{out}_c = clamp(%{out}_a, %{out}_0, %{out}_6)\n\
+             %{out}_m = mul({v}, %{out}_c)\n%{out} = div(%{out}_m, %{out}_6)\n"
+        );
+    } else {
+        text += &format!(
+            "%{out}_a = add(%{out}_3, {v})\n%{out}_c = clamp(%{out}_a, %{out}_0, %{out}_6)\n\
+             %{out}_h = div(%{out}_c, %{out}_6)\n%{out} = mul(%{out}_h, {v})\n"
+        );
+    }
+    text
+}
+
 fn mobilenet_block(
     layout: &str,
     dtype: &str,
@@ -419,6 +444,9 @@ fn mobilenet_block(
         last = "%a".into();
     } else if middle == "silu" {
         text += &silu(&last, "a");
+        last = "%a".into();
+    } else if middle.starts_with("hard") {
+        text += &hardswish(&last, "a", dtype, middle);
         last = "%a".into();
     } else if !middle.is_empty() {
         text += &format!("%a = {middle}({last})\n");
@@ -469,6 +497,7 @@ fn inverted_residual(
         "relu6" => format!("%{out} = clamp({v}, %lo, %hi)\n"),
         "" => format!("%{out} = add({v}, %lo)\n"),
         "silu" => silu(v, out),
+        a if a.starts_with("hard") => hardswish(v, out, dtype, a),
         a => format!("%{out} = {a}({v})\n"),
     };
     text += &apply("%x2", "x3");
@@ -554,6 +583,14 @@ fn structured_programs() -> Vec<(String, usize)> {
         mobilenet_block("nchw", "f32", "[2, 8, 9, 13]", true, "silu"),
         inverted_residual("nchw", "f32", "[2, 4, 9, 11]", 1, "silu"),
         inverted_residual("nhwc", "f32", "[1, 9, 11, 4]", 2, "silu"),
+        // Hard-swish (four nodes, in both of the forms exporters write): MobileNetV3's
+        // inverted residual, a separable block, residual blocks in f32 and f64.
+        inverted_residual("nchw", "f32", "[2, 4, 9, 11]", 1, "hardswish"),
+        inverted_residual("nchw", "f32", "[1, 4, 10, 9]", 2, "hardsigmoid_mul"),
+        inverted_residual("nhwc", "f32", "[1, 9, 11, 4]", 1, "hardsigmoid_mul"),
+        mobilenet_block("nchw", "f32", "[2, 8, 9, 13]", true, "hardswish"),
+        residual("nchw", "f32", "[1, 16, 5, 18]", 1, "hardswish"),
+        residual("nhwc", "f64", "[1, 5, 6, 16]", 1, "hardsigmoid_mul"),
         residual("nhwc", "f32", "[2, 7, 20, 16]", 1, "relu"),
         residual("nchw", "f64", "[1, 16, 6, 7]", 1, "relu"),
         residual("nchw", "f32", "[1, 8, 6, 19]", 8, "relu"),
@@ -692,10 +729,18 @@ fn random_separable_blocks_match_the_reference() {
         let stride = pick(&mut rng, 2);
         let expand = rng.below(2) == 0;
         let e = if expand { pick(&mut rng, 40) } else { c };
-        let act = ["relu6", "relu", "sigmoid", "silu"][rng.below(4)];
+        let act = [
+            "relu6",
+            "relu",
+            "sigmoid",
+            "silu",
+            "hardswish",
+            "hardsigmoid_mul",
+        ][rng.below(6)];
         let apply = |v: &str, out: &str| match act {
             "relu6" => format!("%{out} = clamp({v}, %lo, %hi)\n"),
             "silu" => silu(v, out),
+            a if a.starts_with("hard") => hardswish(v, out, "f32", a),
             a => format!("%{out} = {a}({v})\n"),
         };
         let mut text = format!(
@@ -1220,6 +1265,37 @@ fn random_convolutions_match_the_reference() {
     );
 }
 
+/// Hard-swish (four nodes) in a matmul's epilogue, in both forms: over column blocks after a
+/// bias, over rows in f64, on the GEMV path.
+#[test]
+fn hardswish_matmul_epilogues_match_the_reference() {
+    let cases = [
+        ("f32", 40, 33, 300, true, "hardswish"),
+        ("f64", 9, 21, 13, false, "hardsigmoid_mul"),
+        ("f32", 1, 50, 70, true, "hardsigmoid_mul"),
+    ];
+    for (k, (dtype, m, kk, n, bias, form)) in cases.into_iter().enumerate() {
+        let mut text = format!(
+            "%x = input() name=\"x\" : {dtype}[{m}, {kk}]\n%w = input() name=\"w\" : {dtype}[{kk}, {n}]\n\
+             %h = matmul(%x, %w)\n"
+        );
+        let sum = if bias {
+            text += &format!("%b = input() name=\"b\" : {dtype}[{n}]\n%s = add(%h, %b)\n");
+            "%s"
+        } else {
+            "%h"
+        };
+        text += &hardswish(sum, "y", dtype, form);
+        text += "output \"y\" = %y\n";
+        check_one_step(
+            &text,
+            3100 + k as u64,
+            kk + 1,
+            &format!("hard-swish matmul {k}"),
+        );
+    }
+}
+
 /// A cast epilogue rounds as the IR's `cast` does, bit for bit: products of one term (exact
 /// or rounded once, as the reference rounds them) of edge values, cast to every other float
 /// dtype. Ties to even in bf16 and f16, the edge of f16's range (65520 rounds to infinity),
@@ -1390,8 +1466,10 @@ fn random_structured_matmuls_match_the_reference() {
             "tanh",
             "clamp",
             "silu",
+            "hardswish",
+            "hardsigmoid_mul",
             "",
-        ][rng.below(8)];
+        ][rng.below(10)];
         let last = if activation.is_empty() {
             sum
         } else if activation == "clamp" {
@@ -1402,6 +1480,9 @@ fn random_structured_matmuls_match_the_reference() {
             "%r"
         } else if activation == "silu" {
             text += &silu(sum, "r");
+            "%r"
+        } else if activation.starts_with("hard") {
+            text += &hardswish(sum, "r", "f32", activation);
             "%r"
         } else {
             text += &format!("%r = {activation}({sum})\n");
