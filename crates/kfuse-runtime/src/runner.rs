@@ -396,9 +396,10 @@ impl<'a> Runner<'a> {
                             Array::new(program.buffer(b).ty.shape.clone(), view(b).storage.clone())
                                 .expect("buffer matches its type")
                         };
-                        reference_structured(call, ins, (out_ty, compute), array).map(|a| {
-                            taken[0].1 = a.into_storage();
-                        })
+                        reference_structured(call, ins, (out_ty, compute), array, self.numerics)
+                            .map(|a| {
+                                taken[0].1 = a.into_storage();
+                            })
                     };
                     result.map_err(|message| RunError::Step {
                         step: s,
@@ -436,7 +437,14 @@ impl<'a> Runner<'a> {
                         .iter()
                         .map(|b| program.buffer(*b).ty.clone())
                         .collect();
-                    let result = kfuse_interp::eval_op(op, &types, &refs, custom);
+                    let half = match self.numerics {
+                        Numerics::Fast => fast_half_product(op, &refs, &types[0]),
+                        Numerics::Strict => None,
+                    };
+                    let result = match half {
+                        Some(product) => product.map(|a| vec![a]),
+                        None => kfuse_interp::eval_op(op, &types, &refs, custom),
+                    };
                     result
                         .map(|results| {
                             for ((_, slot), r) in taken.iter_mut().zip(results) {
@@ -568,10 +576,16 @@ fn reference_structured<'a>(
     inputs: &[BufId],
     (out_ty, compute): (&kfuse_ir::TensorType, kfuse_ir::DType),
     array: impl Fn(BufId) -> Array + 'a,
+    numerics: Numerics,
 ) -> Result<Array, String> {
     use kfuse_ir::{BinaryOp, Op};
     let custom = CustomOps::new();
     let eval = |op: Op, ty: &kfuse_ir::TensorType, operands: &[&Array]| {
+        if numerics == Numerics::Fast {
+            if let Some(result) = fast_half_product(&op, operands, ty) {
+                return result;
+            }
+        }
         kfuse_interp::eval_op(&op, std::slice::from_ref(ty), operands, &custom)
             .map(|mut results| results.remove(0))
     };
@@ -645,6 +659,71 @@ fn reference_structured<'a>(
         y = eval(Op::Cast { to: final_ty.dtype }, final_ty, &[&y])?;
     }
     Ok(y)
+}
+
+/// A convolution or matmul of f16 or bf16 operands in fast numerics, on the f32 routines: as
+/// the reference computes it (operands widened to f32, the sum in f32, rounded once to the
+/// operands' dtype) but in another summation order, as for f32. `None` for other ops and
+/// dtypes, and for a padded convolution with a non-finite weight (see
+/// [`padded_weights_not_finite`]): those run on the reference. Everything around the product
+/// (a structured step's epilogue) stays op by op, each op rounding to the half dtype as the
+/// reference does.
+fn fast_half_product(
+    op: &kfuse_ir::Op,
+    operands: &[&Array],
+    ty: &kfuse_ir::TensorType,
+) -> Option<Result<Array, String>> {
+    use kfuse_ir::{DType, Op};
+    let product = matches!(op, Op::MatMul)
+        || matches!(op, Op::Conv2d(attrs) if !padded_weights_not_finite_half(attrs, operands));
+    if !matches!(ty.dtype, DType::F16 | DType::BF16) || operands.len() != 2 || !product {
+        return None;
+    }
+    let wide: Vec<Array> = operands
+        .iter()
+        .map(|a| kfuse_interp::elementwise::cast(a, DType::F32))
+        .collect();
+    fn view(a: &Array) -> kfuse_cpu::dense::View<'_> {
+        kfuse_cpu::dense::View {
+            storage: a.storage(),
+            dims: a.shape().dims(),
+        }
+    }
+    let mut out = Storage::zeros(DType::F32, ty.shape.n_elems());
+    let none = kfuse_cpu::dense::Epilogue {
+        bias: None,
+        scale: None,
+        residual: None,
+        activation: None,
+    };
+    let dims = ty.shape.dims();
+    let done = match op {
+        Op::MatMul => kfuse_cpu::matmul::matmul(
+            view(&wide[0]),
+            view(&wide[1]),
+            [false, false],
+            dims,
+            &mut out,
+            &none,
+            kfuse_cpu::Pool::global().threads(),
+        ),
+        Op::Conv2d(attrs) => {
+            kfuse_cpu::conv::conv2d(view(&wide[0]), view(&wide[1]), attrs, dims, &mut out, &none)
+        }
+        _ => unreachable!("a product, checked above"),
+    };
+    Some(done.map(|()| {
+        let sum = Array::new(ty.shape.clone(), out).expect("the output fills its shape");
+        kfuse_interp::elementwise::cast(&sum, ty.dtype)
+    }))
+}
+
+/// [`padded_weights_not_finite`] for half-precision weights (`operands[1]`).
+fn padded_weights_not_finite_half(attrs: &kfuse_ir::Conv2dAttrs, operands: &[&Array]) -> bool {
+    attrs.padding.iter().any(|&p| p > 0)
+        && operands
+            .get(1)
+            .is_some_and(|w| (0..w.n_elems()).any(|i| !w.get_f64(i).is_finite()))
 }
 
 /// An absorbed activation run as its IR op on the reference interpreter.

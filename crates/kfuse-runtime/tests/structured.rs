@@ -89,7 +89,15 @@ fn check(graph: &Graph, inputs: &[(String, Array)], terms: usize, what: &str) ->
         kfuse_ir::DType::F32 => (f32::EPSILON as f64, 2f64.powi(-149)),
         _ => (f64::EPSILON, 0.0),
     };
-    let eps = step(compute).0;
+    // f16 and bf16 sum in f32 and round each op's result (the product, then each epilogue
+    // op): a few steps of the half type on top of the f32 sum's bound.
+    let (eps, half) = match compute {
+        kfuse_ir::DType::F16 | kfuse_ir::DType::BF16 => {
+            let (rel, abs) = step(compute);
+            (f32::EPSILON as f64, (6.0 * rel, 6.0 * abs))
+        }
+        _ => (step(compute).0, (0.0, 0.0)),
+    };
     for ((name, w), ((_, f), (_, m))) in want.iter().zip(fast.iter().zip(&magnitude)) {
         assert_eq!(w.shape(), f.shape(), "{what}: {name}");
         assert_eq!(w.dtype(), f.dtype(), "{what}: {name}");
@@ -109,6 +117,11 @@ fn check(graph: &Graph, inputs: &[(String, Array)], terms: usize, what: &str) ->
             }
             differing += (wv.to_bits() != fv.to_bits()) as usize;
             let bound = 2.0 * terms as f64 * eps * m.get_f64(i)
+                + if half.0 > 0.0 {
+                    half.0 * m.get_f64(i) + half.1
+                } else {
+                    0.0
+                }
                 + rel * wv.abs().max(fv.abs())
                 + abs
                 + f64::MIN_POSITIVE;
@@ -1292,6 +1305,54 @@ fn hardswish_matmul_epilogues_match_the_reference() {
             3100 + k as u64,
             kk + 1,
             &format!("hard-swish matmul {k}"),
+        );
+    }
+}
+
+/// Convolutions and matmuls of f16 and bf16 operands run their products on the f32 routines
+/// in fast numerics (the epilogue op by op, rounding as the reference does): structured
+/// matmuls with transposes and epilogues, bare products, a convolution with its epilogue,
+/// and a separable block.
+#[test]
+fn half_precision_products_match_the_reference() {
+    let programs = [
+        (
+            "%x = input() name=\"x\" : bf16[40, 33]\n%w = input() name=\"w\" : bf16[33, 300]\n%b = input() name=\"b\" : bf16[300]\n\
+             %h = matmul(%x, %w)\n%s = add(%h, %b)\n%y = relu(%s)\noutput \"y\" = %y\n"
+                .to_string(),
+            34,
+        ),
+        (
+            "%x = input() name=\"x\" : f16[3, 9, 21]\n%w = input() name=\"w\" : f16[13, 21]\n%b = input() name=\"b\" : f16[13]\n\
+             %wt = permute(%w) perm=[1, 0]\n%h = matmul(%x, %wt)\n%s = add(%h, %b)\n%y = gelu(%s)\noutput \"y\" = %y\n"
+                .to_string(),
+            22,
+        ),
+        (
+            "%x = input() name=\"x\" : f16[1, 50]\n%w = input() name=\"w\" : f16[50, 70]\n\
+             %y = matmul(%x, %w)\noutput \"y\" = %y\n"
+                .to_string(),
+            50,
+        ),
+        residual("nchw", "bf16", "[1, 8, 6, 9]", 1, "relu"),
+        residual("nhwc", "f16", "[2, 5, 7, 8]", 8, "silu"),
+        mobilenet_block("nchw", "bf16", "[2, 8, 9, 13]", true, "relu6"),
+        (
+            "%x = input() name=\"x\" : bf16[2, 6, 9, 10]\n%w = input() name=\"w\" : bf16[4, 3, 3, 3]\n\
+             %y = conv2d(%x, %w) layout=nchw stride=[2, 2] padding=[1, 1, 1, 1] dilation=[1, 1] groups=2\n\
+             output \"y\" = %y\n"
+                .to_string(),
+            27,
+        ),
+    ];
+    for (k, (text, terms)) in programs.iter().enumerate() {
+        let graph = parse_graph(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let inputs = random_inputs(&graph, 4400 + k as u64);
+        check(
+            &graph,
+            &inputs,
+            *terms,
+            &format!("half-precision program {k}:\n{text}"),
         );
     }
 }
