@@ -406,6 +406,96 @@ fn epilogue_avx512<T: Real>(values: &mut [T], tail: Tail<T>) {
     epilogue_body(values, tail)
 }
 
+/// [`epilogue`] for an f16 or bf16 op chain computed in f32 (`bf16` says which): the product
+/// in `values` is rounded to the half dtype, and so is the result of each step after it, as
+/// the IR rounds every op's result in those dtypes. One pass per step; a compound activation's
+/// inner results are rounded too (SiLU's sigmoid; hard-swish's sum, product or quotient).
+/// Generic for the matmul's sake; only f32 values are rounded (f64 chains never call it).
+pub(crate) fn epilogue_rounded<T: Real>(values: &mut [T], tail: Tail<T>, bf16: bool) {
+    let round = |v: &mut [T]| {
+        if let Some(v) = T::f32s_mut(v) {
+            crate::simd::round_to_half_f32_slice(v, bf16);
+        }
+    };
+    let only = |bias, scale, residual, activation| Tail {
+        bias,
+        scale,
+        residual,
+        activation,
+    };
+    round(values);
+    if !matches!(tail.bias, RowBias::None) {
+        epilogue(values, only(tail.bias, RowBias::None, None, None));
+        round(values);
+    }
+    if !matches!(tail.scale, RowBias::None) {
+        epilogue(values, only(RowBias::None, tail.scale, None, None));
+        round(values);
+    }
+    if tail.residual.is_some() {
+        epilogue(
+            values,
+            only(RowBias::None, RowBias::None, tail.residual, None),
+        );
+        round(values);
+    }
+    let Some(activation) = tail.activation else {
+        return;
+    };
+    // Runs of values with a scratch run beside them, for the two-step activations.
+    const RUN: usize = 256;
+    let mut scratch = [T::ZERO; RUN];
+    match activation {
+        Activation::Silu => {
+            for run in values.chunks_mut(RUN) {
+                let s = &mut scratch[..run.len()];
+                s.copy_from_slice(run);
+                T::sigmoid_slice(s);
+                round(s);
+                for (v, &g) in run.iter_mut().zip(s.iter()) {
+                    *v = v.mul(g);
+                }
+                round(run);
+            }
+        }
+        Activation::HardSwish { divide_last } => {
+            let (three, six) = (T::from_f64(3.0), T::from_f64(6.0));
+            for run in values.chunks_mut(RUN) {
+                let c = &mut scratch[..run.len()];
+                for (c, &v) in c.iter_mut().zip(run.iter()) {
+                    *c = v.add(three);
+                }
+                round(c);
+                // The clamp of a rounded value to bounds of the dtype is exact.
+                for c in c.iter_mut() {
+                    *c = clamp(*c, T::ZERO, six);
+                }
+                if divide_last {
+                    for (v, &c) in run.iter_mut().zip(c.iter()) {
+                        *v = v.mul(c);
+                    }
+                    round(run);
+                    run.iter_mut().for_each(|v| *v = v.div(six));
+                } else {
+                    c.iter_mut().for_each(|c| *c = c.div(six));
+                    round(c);
+                    for (v, &c) in run.iter_mut().zip(c.iter()) {
+                        *v = v.mul(c);
+                    }
+                }
+                round(run);
+            }
+        }
+        other => {
+            epilogue(
+                values,
+                only(RowBias::None, RowBias::None, None, Some(other)),
+            );
+            round(values);
+        }
+    }
+}
+
 /// `dst = epilogue(src)`: [`epilogue`] applied while copying, in one pass.
 pub(crate) fn epilogue_into<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>) {
     if tail.is_empty() {

@@ -6,8 +6,8 @@
 use kfuse_ir::{bf16, f16, DType, Shape, Storage};
 
 use crate::dense::{
-    epilogue as apply_epilogue, epilogue_operand, gemm_into, with_scratch, Activation, Epilogue,
-    Init, Out, Real, RowBias, Tail, View,
+    epilogue as apply_epilogue, epilogue_operand, epilogue_rounded, gemm_into, with_scratch,
+    Activation, Epilogue, Init, Out, Real, RowBias, Tail, View,
 };
 use crate::Pool;
 
@@ -23,7 +23,11 @@ pub fn supported(dtype: DType) -> bool {
 /// Whether [`matmul`] writes a product computed in `compute` into an output of dtype `out`:
 /// its own dtype, or another float dtype it is cast to.
 pub fn writes(compute: DType, out: DType) -> bool {
-    supported(compute) && out.is_float()
+    match compute {
+        // Rounded to their own dtype (or cast from it, as the IR casts the rounded product).
+        DType::F16 | DType::BF16 => out.is_float(),
+        _ => supported(compute) && out.is_float(),
+    }
 }
 
 /// An element type a product computed in `T` is written as: `T` itself, or another float
@@ -116,6 +120,63 @@ pub fn matmul(
     epilogue: &Epilogue,
     threads: usize,
 ) -> Result<(), String> {
+    let bf16 = match a.storage.dtype() {
+        DType::BF16 => true,
+        DType::F16 => false,
+        _ => return matmul_as(a, b, transposed, (out_dims, out), epilogue, threads, None),
+    };
+    // f16 and bf16: the IR's product of the operands widened to f32, each op's result
+    // rounded to the half dtype (the epilogue rounds them, the output's conversion is then
+    // exact).
+    let widen = |s: &Storage| match s {
+        Storage::F16(v) => Ok(Storage::F32(v.iter().map(|h| h.to_f32()).collect())),
+        Storage::BF16(v) => Ok(Storage::F32(v.iter().map(|h| h.to_f32()).collect())),
+        other => Err(format!(
+            "a half-precision matmul's operands are f16 or bf16, not {}",
+            other.dtype()
+        )),
+    };
+    let (wa, wb) = (widen(a.storage)?, widen(b.storage)?);
+    let operand = |s: Option<&Storage>| s.map(widen).transpose();
+    let (bias, scale, residual) = (
+        operand(epilogue.bias)?,
+        operand(epilogue.scale)?,
+        operand(epilogue.residual)?,
+    );
+    let wide = Epilogue {
+        bias: bias.as_ref(),
+        scale: scale.as_ref(),
+        residual: residual.as_ref(),
+        activation: epilogue.activation,
+    };
+    matmul_as(
+        View {
+            storage: &wa,
+            dims: a.dims,
+        },
+        View {
+            storage: &wb,
+            dims: b.dims,
+        },
+        transposed,
+        (out_dims, out),
+        &wide,
+        threads,
+        Some(bf16),
+    )
+}
+
+/// [`matmul`] of f32 or f64 operands, each result rounded to bf16 (`round` true) or f16
+/// (false) after every step where `round` is given.
+fn matmul_as(
+    a: View,
+    b: View,
+    transposed: [bool; 2],
+    (out_dims, out): (&[usize], &mut Storage),
+    epilogue: &Epilogue,
+    threads: usize,
+    round: Option<bool>,
+) -> Result<(), String> {
     let swap = |dims: &[usize], t: bool| {
         let mut d = dims.to_vec();
         let r = d.len();
@@ -180,7 +241,8 @@ pub fn matmul(
     let pass = epilogue.activation.is_some()
         || epilogue.residual.is_some()
         || epilogue.scale.is_some()
-        || cast;
+        || cast
+        || round.is_some();
     let by_cache = (TILE_BYTES / (m.max(1) * elem)) / 64 * 64;
     // With a pass and a short sum (K below 256), the product is bound by memory rather than
     // arithmetic, and bands of whole rows that fit in cache, the pass following each, beat
@@ -239,6 +301,8 @@ pub fn matmul(
         /// The whole output's worth of residual values, added after the bias.
         residual: Option<&'a [T]>,
         activation: Option<Activation>,
+        /// Round each step's result to bf16 (true) or f16.
+        round: Option<bool>,
     }
     fn run<T: Real, U: Output<T>>(x: &[T], y: &[T], c: &mut [U], plan: &Plan<T>) {
         let Plan {
@@ -255,6 +319,7 @@ pub fn matmul(
             scale,
             residual,
             activation,
+            round,
         } = *plan;
         let dst = Out(c.as_mut_ptr());
         // Strides of A (M x K) and B (K x N) as stored.
@@ -285,11 +350,14 @@ pub fn matmul(
                 let width = c1 - c0;
                 // With an activation, a scale or a residual to apply in a pass over the output
                 // anyway, the bias joins that pass; otherwise it is pre-filled into the GEMM's
-                // destination.
-                let pass = activation.is_some() || residual.is_some() || scale.is_some();
-                let bias_in_pass = pass && !gemv_path;
+                // destination. Rounded steps add it in the pass, after rounding the product.
+                let pass = activation.is_some()
+                    || residual.is_some()
+                    || scale.is_some()
+                    || round.is_some();
+                let bias_in_pass = pass && (!gemv_path || round.is_some());
                 if gemv_path {
-                    gemv(k, n, lhs, a_cs, rhs, at, bias);
+                    gemv(k, n, lhs, a_cs, rhs, at, bias.filter(|_| !bias_in_pass));
                 } else {
                     let init = match bias {
                         Some(b) if !bias_in_pass => Init::ColumnBias(b),
@@ -325,7 +393,10 @@ pub fn matmul(
                             residual: residual.map(|res| &res[first..][..width]),
                             activation,
                         };
-                        apply_epilogue(row, tail);
+                        match round {
+                            Some(bf16) => epilogue_rounded(row, tail, bf16),
+                            None => apply_epilogue(row, tail),
+                        }
                     }
                 }
             };
@@ -388,6 +459,7 @@ pub fn matmul(
                 )?,
                 residual: epilogue_operand(epilogue.residual, out_elems, "residual")?,
                 activation: epilogue.activation,
+                round,
             }
         };
     }
@@ -402,7 +474,10 @@ pub fn matmul(
                 residual: plan.residual.map(|r| &r[i * n..][..n]),
                 activation: plan.activation,
             };
-            apply_epilogue(&mut row, tail);
+            match plan.round {
+                Some(bf16) => epilogue_rounded(&mut row, tail, bf16),
+                None => apply_epilogue(&mut row, tail),
+            }
             U::convert(&row, out);
         }
     }

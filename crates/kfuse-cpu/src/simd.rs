@@ -108,6 +108,29 @@ pub(crate) fn f16_from_f32_slice(src: &[f32], dst: &mut [kfuse_ir::f16]) {
     }
 }
 
+/// Rounds every value to the nearest bf16 (`bf16` true) or f16 and back to f32, as the IR
+/// rounds each op's result in those dtypes: sixteen lanes at a time on AVX-512.
+pub(crate) fn round_to_half_f32_slice(values: &mut [f32], bf16: bool) {
+    let whole = {
+        #[cfg(target_arch = "x86_64")]
+        if avx512() {
+            // SAFETY: the CPU has the features the function is compiled for.
+            unsafe { x86::round_to_half_f32_slice(values, bf16) }
+        } else {
+            0
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        0
+    };
+    for v in &mut values[whole..] {
+        *v = if bf16 {
+            kfuse_ir::bf16::from_f32(*v).to_f32()
+        } else {
+            kfuse_ir::f16::from_f32(*v).to_f32()
+        };
+    }
+}
+
 /// `values[i] = tanh_f32(values[i])` for every element.
 pub(crate) fn tanh_f32_slice(values: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -606,6 +629,41 @@ mod x86 {
         each16(values, |x| unsafe { act.apply(x) })
     }
 
+    /// The whole blocks of sixteen of [`super::round_to_half_f32_slice`]; returns how many
+    /// elements it rounded.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn round_to_half_f32_slice(values: &mut [f32], bf16: bool) -> usize {
+        let c = _mm512_set1_epi32;
+        let blocks = values.len() / 16;
+        for b in 0..blocks {
+            // SAFETY: block b's sixteen elements lie in the slice.
+            unsafe {
+                let at = values.as_mut_ptr().add(16 * b);
+                let rounded = if bf16 {
+                    // As `bf16_from_f32_slice`, the 16 bits kept in the upper half.
+                    let x = _mm512_loadu_si512(at.cast());
+                    let magnitude = _mm512_and_si512(x, c(0x7fff_ffff));
+                    let nan = _mm512_cmpgt_epu32_mask(magnitude, c(0x7f80_0000));
+                    let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(x), c(1));
+                    let up = _mm512_add_epi32(_mm512_add_epi32(x, c(0x7fff)), odd);
+                    let quiet = _mm512_or_si512(x, c(0x40 << 16));
+                    let bits = _mm512_mask_blend_epi32(nan, up, quiet);
+                    _mm512_castsi512_ps(_mm512_and_si512(bits, c(0xffff_0000_u32 as i32)))
+                } else {
+                    let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                        _mm512_loadu_ps(at),
+                    );
+                    _mm512_cvtph_ps(h)
+                };
+                _mm512_storeu_ps(at, rounded);
+            }
+        }
+        16 * blocks
+    }
+
     /// The whole blocks of sixteen of [`super::bf16_from_f32_slice`]; returns how many
     /// elements it converted.
     ///
@@ -901,6 +959,19 @@ mod tests {
             check(&values[..len]);
         }
         check(&values);
+        // Rounding in place gives the conversion's value back in f32.
+        for bf16 in [true, false] {
+            let mut rounded = values.clone();
+            round_to_half_f32_slice(&mut rounded, bf16);
+            for (&v, r) in values.iter().zip(rounded) {
+                let want = if bf16 {
+                    kfuse_ir::bf16::from_f32(v).to_f32()
+                } else {
+                    kfuse_ir::f16::from_f32(v).to_f32()
+                };
+                assert_eq!(r.to_bits(), want.to_bits(), "{v:e} rounded (bf16: {bf16})");
+            }
+        }
     }
 
     #[test]

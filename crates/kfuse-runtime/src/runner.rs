@@ -378,9 +378,18 @@ impl<'a> Runner<'a> {
                     } else {
                         out_ty.dtype
                     };
+                    // Matmuls of every float dtype (f16 and bf16 computed in f32, each step
+                    // rounded); convolutions of f32 and f64 (the half-precision ones compute
+                    // their products fast within the reference's step, see
+                    // `fast_half_product`).
+                    let routine = match call.anchor {
+                        Anchor::MatMul { .. } => kfuse_cpu::matmul::writes(compute, out_ty.dtype),
+                        Anchor::Conv { .. } => {
+                            kfuse_cpu::conv::supported(compute) && compute == out_ty.dtype
+                        }
+                    };
                     let fast = self.numerics == Numerics::Fast
-                        && kfuse_cpu::conv::supported(compute)
-                        && kfuse_cpu::matmul::writes(compute, out_ty.dtype)
+                        && routine
                         && !call_padded_weights_not_finite(call, &|i| view(ins[i]).storage);
                     let result = if fast {
                         let operand = |i: usize| view(ins[i]);

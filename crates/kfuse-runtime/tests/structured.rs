@@ -1357,6 +1357,66 @@ fn half_precision_products_match_the_reference() {
     }
 }
 
+/// Half-precision matmuls round every step as the reference does: with one term per sum, the
+/// f32 product is exact, so every later step sees the reference's values and the results are
+/// the reference's, bit for bit (zeros of either sign aside). Each epilogue step and each
+/// compound activation's inner step, over column blocks, rows and the GEMV path, in both
+/// half dtypes, and a cast of the rounded product.
+#[test]
+fn half_precision_matmul_epilogues_round_every_step() {
+    for dtype in ["bf16", "f16"] {
+        for (m, n) in [(40, 300), (9, 13), (1, 70)] {
+            for (k, act) in [
+                "relu",
+                "gelu",
+                "sigmoid",
+                "silu",
+                "hardswish",
+                "hardsigmoid_mul",
+                "cast",
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let mut text = format!(
+                    "%x = input() name=\"x\" : {dtype}[{m}, 1]\n%w = input() name=\"w\" : {dtype}[1, {n}]\n\
+                     %b = input() name=\"b\" : {dtype}[{n}]\n%g = input() name=\"g\" : {dtype}[{n}]\n\
+                     %r = input() name=\"r\" : {dtype}[{m}, {n}]\n\
+                     %h = matmul(%x, %w)\n%s = add(%h, %b)\n%t = mul(%s, %g)\n%u = add(%t, %r)\n"
+                );
+                text += &match act {
+                    "silu" => silu("%u", "y"),
+                    "cast" => "%y = cast(%u) to=f32\n".to_string(),
+                    a if a.starts_with("hard") => hardswish("%u", "y", dtype, a),
+                    a => format!("%y = {a}(%u)\n"),
+                };
+                text += "output \"y\" = %y\n";
+                let graph = parse_graph(&text).unwrap();
+                let exe = build(&graph, Numerics::Fast);
+                assert!(
+                    matches!(
+                        exe.program.steps[..],
+                        [kfuse_kernel::Step::Structured { .. }]
+                    ),
+                    "one structured step:\n{text}"
+                );
+                let inputs = random_inputs(&graph, 700 + k as u64);
+                let want = kfuse_interp::run(&graph, &inputs, &CustomOps::new()).unwrap();
+                let (got, _) = exe.run(&inputs, &CustomOps::new()).unwrap();
+                let (w, g) = (&want[0].1, &got[0].1);
+                assert_eq!(w.dtype(), g.dtype());
+                for i in 0..w.n_elems() {
+                    let (a, b) = (w.get_f64(i), g.get_f64(i));
+                    assert!(
+                        a == b || a.is_nan() && b.is_nan(),
+                        "{dtype} {m}x{n} {act}: element {i}: reference {a:e}, fast {b:e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// A cast epilogue rounds as the IR's `cast` does, bit for bit: products of one term (exact
 /// or rounded once, as the reference rounds them) of edge values, cast to every other float
 /// dtype. Ties to even in bf16 and f16, the edge of f16's range (65520 rounds to infinity),
