@@ -651,6 +651,7 @@ fn bench_quick_reports_every_workload() {
         "inverted",
         "inverted7",
         "mbconv",
+        "mbv3",
     ] {
         assert!(
             report["convolutions"]
@@ -665,6 +666,14 @@ fn bench_quick_reports_every_workload() {
     // The bias alone, then ReLU, sigmoid, tanh, both forms of GELU and ReLU6.
     assert_eq!(report["activations"].as_array().unwrap().len(), 7);
     assert!(report["transpose"]["transpose_ms"].as_f64().unwrap() > 0.0);
+    // The bf16-stored layer at K = 1024, 64 and 16, each with its three baselines.
+    let cast = report["cast"].as_array().expect("cast rows");
+    assert_eq!(cast.len(), 3);
+    for row in cast {
+        for key in ["ms", "f32_output_ms", "with_cast_kernel_ms", "unfused_ms"] {
+            assert!(row[key].as_f64().unwrap() > 0.0, "{key}: {row}");
+        }
+    }
 }
 
 /// The first clang on `PATH`, if any.
