@@ -67,21 +67,29 @@ pub(crate) fn silu_f32_slice(values: &mut [f32]) {
     }
 }
 
+/// How many leading elements `x86::$f(..)`, an AVX-512 form over whole blocks of sixteen that
+/// returns that count, handled: all its blocks where the CPU has AVX-512, none elsewhere (the
+/// caller's scalar loop then does the rest).
+macro_rules! whole_blocks {
+    ($f:ident($($arg:expr),*)) => {{
+        #[cfg(target_arch = "x86_64")]
+        let whole = if avx512() {
+            // SAFETY: the CPU has the features the function is compiled for.
+            unsafe { x86::$f($($arg),*) }
+        } else {
+            0
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let whole = 0;
+        whole
+    }};
+}
+
 /// `dst[i] = bf16::from_f32(src[i])` (round to nearest, ties to even; NaN stays NaN, quiet):
 /// the IR's cast to bf16, sixteen lanes at a time in integer arithmetic on AVX-512.
 pub(crate) fn bf16_from_f32_slice(src: &[f32], dst: &mut [kfuse_ir::bf16]) {
     assert_eq!(src.len(), dst.len(), "one value for each");
-    let whole = {
-        #[cfg(target_arch = "x86_64")]
-        if avx512() {
-            // SAFETY: the CPU has the features the function is compiled for.
-            unsafe { x86::bf16_from_f32_slice(src, dst) }
-        } else {
-            0
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        0
-    };
+    let whole = whole_blocks!(bf16_from_f32_slice(src, dst));
     for (d, &v) in dst[whole..].iter_mut().zip(&src[whole..]) {
         *d = kfuse_ir::bf16::from_f32(v);
     }
@@ -92,17 +100,7 @@ pub(crate) fn bf16_from_f32_slice(src: &[f32], dst: &mut [kfuse_ir::bf16]) {
 /// `f16::from_f32` uses where the CPU has it.
 pub(crate) fn f16_from_f32_slice(src: &[f32], dst: &mut [kfuse_ir::f16]) {
     assert_eq!(src.len(), dst.len(), "one value for each");
-    let whole = {
-        #[cfg(target_arch = "x86_64")]
-        if avx512() {
-            // SAFETY: the CPU has the features the function is compiled for.
-            unsafe { x86::f16_from_f32_slice(src, dst) }
-        } else {
-            0
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        0
-    };
+    let whole = whole_blocks!(f16_from_f32_slice(src, dst));
     for (d, &v) in dst[whole..].iter_mut().zip(&src[whole..]) {
         *d = kfuse_ir::f16::from_f32(v);
     }
@@ -111,17 +109,7 @@ pub(crate) fn f16_from_f32_slice(src: &[f32], dst: &mut [kfuse_ir::f16]) {
 /// Rounds every value to the nearest bf16 (`bf16` true) or f16 and back to f32, as the IR
 /// rounds each op's result in those dtypes: sixteen lanes at a time on AVX-512.
 pub(crate) fn round_to_half_f32_slice(values: &mut [f32], bf16: bool) {
-    let whole = {
-        #[cfg(target_arch = "x86_64")]
-        if avx512() {
-            // SAFETY: the CPU has the features the function is compiled for.
-            unsafe { x86::round_to_half_f32_slice(values, bf16) }
-        } else {
-            0
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        0
-    };
+    let whole = whole_blocks!(round_to_half_f32_slice(values, bf16));
     for v in &mut values[whole..] {
         *v = if bf16 {
             kfuse_ir::bf16::from_f32(*v).to_f32()

@@ -294,7 +294,14 @@ impl<'a> Runner<'a> {
                     inputs: ins,
                     outputs,
                 } if self.numerics == Numerics::Fast
-                    && kfuse_cpu::conv::supported(program.buffer(ins[0]).ty.dtype)
+                    && match op {
+                        // f16 and bf16 too, widened and rounded as the reference rounds.
+                        kfuse_ir::Op::MatMul => kfuse_cpu::matmul::writes(
+                            program.buffer(ins[0]).ty.dtype,
+                            program.buffer(outputs[0]).ty.dtype,
+                        ),
+                        _ => kfuse_cpu::conv::supported(program.buffer(ins[0]).ty.dtype),
+                    }
                     && !match op {
                         kfuse_ir::Op::Conv2d(attrs) => padded_weights_not_finite(
                             attrs,
@@ -381,7 +388,7 @@ impl<'a> Runner<'a> {
                     // Matmuls of every float dtype (f16 and bf16 computed in f32, each step
                     // rounded); convolutions of f32 and f64 (the half-precision ones compute
                     // their products fast within the reference's step, see
-                    // `fast_half_product`).
+                    // `fast_half_conv`).
                     let routine = match call.anchor {
                         Anchor::MatMul { .. } => kfuse_cpu::matmul::writes(compute, out_ty.dtype),
                         Anchor::Conv { .. } => {
@@ -447,7 +454,7 @@ impl<'a> Runner<'a> {
                         .map(|b| program.buffer(*b).ty.clone())
                         .collect();
                     let half = match self.numerics {
-                        Numerics::Fast => fast_half_product(op, &refs, &types[0]),
+                        Numerics::Fast => fast_half_conv(op, &refs, &types[0]),
                         Numerics::Strict => None,
                     };
                     let result = match half {
@@ -591,7 +598,7 @@ fn reference_structured<'a>(
     let custom = CustomOps::new();
     let eval = |op: Op, ty: &kfuse_ir::TensorType, operands: &[&Array]| {
         if numerics == Numerics::Fast {
-            if let Some(result) = fast_half_product(&op, operands, ty) {
+            if let Some(result) = fast_half_conv(&op, operands, ty) {
                 return result;
             }
         }
@@ -670,22 +677,27 @@ fn reference_structured<'a>(
     Ok(y)
 }
 
-/// A convolution or matmul of f16 or bf16 operands in fast numerics, on the f32 routines: as
-/// the reference computes it (operands widened to f32, the sum in f32, rounded once to the
+/// A convolution of f16 or bf16 operands in fast numerics, on the f32 routines: as the
+/// reference computes it (operands widened to f32, the sum in f32, rounded once to the
 /// operands' dtype) but in another summation order, as for f32. `None` for other ops and
 /// dtypes, and for a padded convolution with a non-finite weight (see
 /// [`padded_weights_not_finite`]): those run on the reference. Everything around the product
 /// (a structured step's epilogue) stays op by op, each op rounding to the half dtype as the
-/// reference does.
-fn fast_half_product(
+/// reference does. (Half-precision matmuls, bare or structured, go to `kfuse_cpu::matmul`,
+/// which rounds every step of their epilogue itself.)
+fn fast_half_conv(
     op: &kfuse_ir::Op,
     operands: &[&Array],
     ty: &kfuse_ir::TensorType,
 ) -> Option<Result<Array, String>> {
     use kfuse_ir::{DType, Op};
-    let product = matches!(op, Op::MatMul)
-        || matches!(op, Op::Conv2d(attrs) if !padded_weights_not_finite_half(attrs, operands));
-    if !matches!(ty.dtype, DType::F16 | DType::BF16) || operands.len() != 2 || !product {
+    let Op::Conv2d(attrs) = op else {
+        return None;
+    };
+    if !matches!(ty.dtype, DType::F16 | DType::BF16)
+        || operands.len() != 2
+        || padded_weights_not_finite_half(attrs, operands)
+    {
         return None;
     }
     let wide: Vec<Array> = operands
@@ -706,21 +718,8 @@ fn fast_half_product(
         activation: None,
     };
     let dims = ty.shape.dims();
-    let done = match op {
-        Op::MatMul => kfuse_cpu::matmul::matmul(
-            view(&wide[0]),
-            view(&wide[1]),
-            [false, false],
-            dims,
-            &mut out,
-            &none,
-            kfuse_cpu::Pool::global().threads(),
-        ),
-        Op::Conv2d(attrs) => {
-            kfuse_cpu::conv::conv2d(view(&wide[0]), view(&wide[1]), attrs, dims, &mut out, &none)
-        }
-        _ => unreachable!("a product, checked above"),
-    };
+    let done =
+        kfuse_cpu::conv::conv2d(view(&wide[0]), view(&wide[1]), attrs, dims, &mut out, &none);
     Some(done.map(|()| {
         let sum = Array::new(ty.shape.clone(), out).expect("the output fills its shape");
         kfuse_interp::elementwise::cast(&sum, ty.dtype)
