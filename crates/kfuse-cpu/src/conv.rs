@@ -18,7 +18,8 @@
 use kfuse_ir::{Conv2dAttrs, DType, Layout, Storage};
 
 use crate::dense::{
-    epilogue, epilogue_operand, gemm_into, with_scratch, Activation, Init, Out, Real, RowBias, Tail,
+    epilogue, epilogue_operand, gemm_into, widen_half, with_scratch, Activation, Init, Out, Real,
+    RowBias, Tail, Widened,
 };
 pub use crate::dense::{Epilogue, View};
 
@@ -36,6 +37,12 @@ const TILE_BYTES: usize = 1024 << 10;
 /// Whether the fast convolutions handle this dtype.
 pub fn supported(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F64)
+}
+
+/// Whether [`conv2d`] (a convolution alone, not a separable block) handles this dtype: f32
+/// and f64, and f16 and bf16 through f32 (each step rounded as the IR rounds it).
+pub fn computes(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
 }
 
 /// Activation dims as `[n, c, h, w]` whatever the layout.
@@ -165,8 +172,82 @@ pub fn conv2d(
     match x.storage.dtype() {
         DType::F32 => conv2d_typed::<f32>(x, w, attrs, out_dims, out, epilogue),
         DType::F64 => conv2d_typed::<f64>(x, w, attrs, out_dims, out, epilogue),
-        other => Err(format!("fast conv2d supports f32 and f64, not {other}")),
+        DType::F16 | DType::BF16 => conv2d_half(x, w, attrs, out_dims, out, epilogue),
+        other => Err(format!(
+            "fast conv2d supports f32, f64, f16 and bf16, not {other}"
+        )),
     }
+}
+
+/// [`conv2d`] of f16 or bf16 operands, as the IR computes it: the operands widened to f32, the
+/// product in f32 (in the f32 routine's summation order), each step's result then rounded to
+/// the half dtype (the product, the bias, the residual, the activation and a compound
+/// activation's inner steps, see [`crate::dense::epilogue_rounded`]), and the rounded values
+/// written in the half dtype, exactly.
+fn conv2d_half(
+    x: View,
+    w: View,
+    attrs: &Conv2dAttrs,
+    out_dims: &[usize],
+    out: &mut Storage,
+    epilogue: &Epilogue,
+) -> Result<(), String> {
+    let bf16 = x.storage.dtype() == DType::BF16;
+    if out.dtype() != x.storage.dtype() {
+        return Err("the output dtype differs from the convolution's".into());
+    }
+    let (wx, ww) = (widen_half(x.storage)?, widen_half(w.storage)?);
+    let wide = Widened::of(epilogue)?;
+    let wide = wide.epilogue();
+    let mut sum = Storage::zeros(DType::F32, out.len());
+    conv2d_typed::<f32>(
+        View {
+            storage: &wx,
+            dims: x.dims,
+        },
+        View {
+            storage: &ww,
+            dims: w.dims,
+        },
+        attrs,
+        out_dims,
+        &mut sum,
+        &Epilogue::default(),
+    )?;
+    let channels = match attrs.layout {
+        Layout::Nchw => out_dims[1],
+        Layout::Nhwc => out_dims[3],
+    };
+    let bias = epilogue_operand::<f32>(wide.bias, channels, "bias")?;
+    let residual = epilogue_operand::<f32>(wide.residual, out.len(), "residual")?;
+    let values = f32::slice_mut(&mut sum).expect("an f32 sum");
+    // Runs of one channel (an NCHW plane) or one pixel (NHWC channels).
+    let run = match attrs.layout {
+        Layout::Nchw => out_dims[2] * out_dims[3],
+        Layout::Nhwc => channels,
+    };
+    if run > 0 {
+        for (i, values) in values.chunks_mut(run).enumerate() {
+            let bias = match (bias, attrs.layout) {
+                (None, _) => RowBias::None,
+                (Some(b), Layout::Nchw) => RowBias::Same(b[i % channels]),
+                (Some(b), Layout::Nhwc) => RowBias::Each(b),
+            };
+            let tail = Tail {
+                bias,
+                scale: RowBias::None,
+                residual: residual.map(|r| &r[i * run..][..values.len()]),
+                activation: wide.activation,
+            };
+            crate::dense::epilogue_rounded(values, tail, bf16);
+        }
+    }
+    match out {
+        Storage::F16(o) => crate::simd::f16_from_f32_slice(values, o),
+        Storage::BF16(o) => crate::simd::bf16_from_f32_slice(values, o),
+        _ => unreachable!("the output is the operands' half dtype, checked above"),
+    }
+    Ok(())
 }
 
 /// The typed output slice, checked against the expected element count.

@@ -26,6 +26,47 @@ pub struct Epilogue<'a> {
     pub activation: Option<Activation>,
 }
 
+/// An f16 or bf16 operand widened to f32 (exactly), as the IR widens half-precision operands.
+pub(crate) fn widen_half(s: &Storage) -> Result<Storage, String> {
+    match s {
+        Storage::F16(v) => Ok(Storage::F32(v.iter().map(|h| h.to_f32()).collect())),
+        Storage::BF16(v) => Ok(Storage::F32(v.iter().map(|h| h.to_f32()).collect())),
+        other => Err(format!(
+            "a half-precision product's operands are f16 or bf16, not {}",
+            other.dtype()
+        )),
+    }
+}
+
+/// The epilogue's operands (bias, scale, residual) widened by [`widen_half`].
+pub(crate) struct Widened {
+    bias: Option<Storage>,
+    scale: Option<Storage>,
+    residual: Option<Storage>,
+    activation: Option<Activation>,
+}
+
+impl Widened {
+    pub(crate) fn of(epilogue: &Epilogue) -> Result<Widened, String> {
+        let widen = |s: Option<&Storage>| s.map(widen_half).transpose();
+        Ok(Widened {
+            bias: widen(epilogue.bias)?,
+            scale: widen(epilogue.scale)?,
+            residual: widen(epilogue.residual)?,
+            activation: epilogue.activation,
+        })
+    }
+
+    pub(crate) fn epilogue(&self) -> Epilogue<'_> {
+        Epilogue {
+            bias: self.bias.as_ref(),
+            scale: self.scale.as_ref(),
+            residual: self.residual.as_ref(),
+            activation: self.activation,
+        }
+    }
+}
+
 pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
     const ZERO: Self;
     const ONE: Self;

@@ -6,8 +6,8 @@
 use kfuse_ir::{bf16, f16, DType, Shape, Storage};
 
 use crate::dense::{
-    epilogue as apply_epilogue, epilogue_operand, epilogue_rounded, gemm_into, with_scratch,
-    Activation, Epilogue, Init, Out, Real, RowBias, Tail, View,
+    epilogue as apply_epilogue, epilogue_operand, epilogue_rounded, gemm_into, widen_half,
+    with_scratch, Activation, Epilogue, Init, Out, Real, RowBias, Tail, View, Widened,
 };
 use crate::Pool;
 
@@ -128,27 +128,8 @@ pub fn matmul(
     // f16 and bf16: the IR's product of the operands widened to f32, each op's result
     // rounded to the half dtype (the epilogue rounds them, the output's conversion is then
     // exact).
-    let widen = |s: &Storage| match s {
-        Storage::F16(v) => Ok(Storage::F32(v.iter().map(|h| h.to_f32()).collect())),
-        Storage::BF16(v) => Ok(Storage::F32(v.iter().map(|h| h.to_f32()).collect())),
-        other => Err(format!(
-            "a half-precision matmul's operands are f16 or bf16, not {}",
-            other.dtype()
-        )),
-    };
-    let (wa, wb) = (widen(a.storage)?, widen(b.storage)?);
-    let operand = |s: Option<&Storage>| s.map(widen).transpose();
-    let (bias, scale, residual) = (
-        operand(epilogue.bias)?,
-        operand(epilogue.scale)?,
-        operand(epilogue.residual)?,
-    );
-    let wide = Epilogue {
-        bias: bias.as_ref(),
-        scale: scale.as_ref(),
-        residual: residual.as_ref(),
-        activation: epilogue.activation,
-    };
+    let (wa, wb) = (widen_half(a.storage)?, widen_half(b.storage)?);
+    let wide = Widened::of(epilogue)?;
     matmul_as(
         View {
             storage: &wa,
@@ -160,7 +141,7 @@ pub fn matmul(
         },
         transposed,
         (out_dims, out),
-        &wide,
+        &wide.epilogue(),
         threads,
         Some(bf16),
     )

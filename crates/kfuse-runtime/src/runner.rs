@@ -300,7 +300,7 @@ impl<'a> Runner<'a> {
                             program.buffer(ins[0]).ty.dtype,
                             program.buffer(outputs[0]).ty.dtype,
                         ),
-                        _ => kfuse_cpu::conv::supported(program.buffer(ins[0]).ty.dtype),
+                        _ => kfuse_cpu::conv::computes(program.buffer(ins[0]).ty.dtype),
                     }
                     && !match op {
                         kfuse_ir::Op::Conv2d(attrs) => padded_weights_not_finite(
@@ -391,6 +391,9 @@ impl<'a> Runner<'a> {
                     // `fast_half_conv`).
                     let routine = match call.anchor {
                         Anchor::MatMul { .. } => kfuse_cpu::matmul::writes(compute, out_ty.dtype),
+                        Anchor::Conv {
+                            depthwise: None, ..
+                        } => kfuse_cpu::conv::computes(compute) && compute == out_ty.dtype,
                         Anchor::Conv { .. } => {
                             kfuse_cpu::conv::supported(compute) && compute == out_ty.dtype
                         }
@@ -550,6 +553,8 @@ fn padded_weights_not_finite(attrs: &kfuse_ir::Conv2dAttrs, weights: &Storage) -
         && match weights {
             Storage::F32(w) => !all_finite(w, |v| v.is_finite()),
             Storage::F64(w) => !all_finite(w, |v| v.is_finite()),
+            Storage::F16(w) => !all_finite(w, |v| v.is_finite()),
+            Storage::BF16(w) => !all_finite(w, |v| v.is_finite()),
             _ => false,
         }
 }

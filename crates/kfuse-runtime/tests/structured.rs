@@ -1417,6 +1417,71 @@ fn half_precision_matmul_epilogues_round_every_step() {
     }
 }
 
+/// Half-precision convolutions round every step as the reference does: a 1×1 convolution of
+/// one input channel sums one term, exact in f32, so the results are the reference's bit for
+/// bit (zeros of either sign aside), in both layouts and both half dtypes, with a bias, a
+/// skip connection and each kind of activation.
+#[test]
+fn half_precision_convolution_epilogues_round_every_step() {
+    for dtype in ["bf16", "f16"] {
+        for layout in ["nchw", "nhwc"] {
+            for (k, act) in ["relu", "sigmoid", "silu", "hardswish", ""]
+                .into_iter()
+                .enumerate()
+            {
+                let (x, y, bias) = if layout == "nchw" {
+                    ("[2, 1, 5, 7]", "[2, 6, 5, 7]", "[6, 1, 1]")
+                } else {
+                    ("[2, 5, 7, 1]", "[2, 5, 7, 6]", "[6]")
+                };
+                let mut text = format!(
+                    "%x = input() name=\"x\" : {dtype}{x}\n%w = input() name=\"w\" : {dtype}[6, 1, 1, 1]\n\
+                     %b = input() name=\"b\" : {dtype}{bias}\n%r = input() name=\"r\" : {dtype}{y}\n\
+                     %c = conv2d(%x, %w) layout={layout} stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n\
+                     %s = add(%c, %b)\n%u = add(%s, %r)\n"
+                );
+                let last = match act {
+                    "" => "%u",
+                    "silu" => {
+                        text += &silu("%u", "y");
+                        "%y"
+                    }
+                    "hardswish" => {
+                        text += &hardswish("%u", "y", dtype, act);
+                        "%y"
+                    }
+                    a => {
+                        text += &format!("%y = {a}(%u)\n");
+                        "%y"
+                    }
+                };
+                text += &format!("output \"y\" = {last}\n");
+                let graph = parse_graph(&text).unwrap();
+                let exe = build(&graph, Numerics::Fast);
+                assert!(
+                    matches!(
+                        exe.program.steps[..],
+                        [kfuse_kernel::Step::Structured { .. }]
+                    ),
+                    "one structured step:\n{text}"
+                );
+                let inputs = random_inputs(&graph, 900 + k as u64);
+                let want = kfuse_interp::run(&graph, &inputs, &CustomOps::new()).unwrap();
+                let (got, _) = exe.run(&inputs, &CustomOps::new()).unwrap();
+                let (w, g) = (&want[0].1, &got[0].1);
+                assert_eq!(w.dtype(), g.dtype());
+                for i in 0..w.n_elems() {
+                    let (a, b) = (w.get_f64(i), g.get_f64(i));
+                    assert!(
+                        a == b || a.is_nan() && b.is_nan(),
+                        "{dtype} {layout} {act}: element {i}: reference {a:e}, fast {b:e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// A cast epilogue rounds as the IR's `cast` does, bit for bit: products of one term (exact
 /// or rounded once, as the reference rounds them) of edge values, cast to every other float
 /// dtype. Ties to even in bf16 and f16, the edge of f16's range (65520 rounds to infinity),
