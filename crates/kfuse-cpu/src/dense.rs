@@ -29,8 +29,16 @@ pub struct Epilogue<'a> {
 /// An f16 or bf16 operand widened to f32 (exactly), as the IR widens half-precision operands.
 pub(crate) fn widen_half(s: &Storage) -> Result<Storage, String> {
     match s {
-        Storage::F16(v) => Ok(Storage::F32(v.iter().map(|h| h.to_f32()).collect())),
-        Storage::BF16(v) => Ok(Storage::F32(v.iter().map(|h| h.to_f32()).collect())),
+        Storage::F16(v) => {
+            let mut wide = vec![0.0; v.len()];
+            crate::simd::f32_from_f16_slice(v, &mut wide);
+            Ok(Storage::F32(wide))
+        }
+        Storage::BF16(v) => {
+            let mut wide = vec![0.0; v.len()];
+            crate::simd::f32_from_bf16_slice(v, &mut wide);
+            Ok(Storage::F32(wide))
+        }
         other => Err(format!(
             "a half-precision product's operands are f16 or bf16, not {}",
             other.dtype()

@@ -106,6 +106,27 @@ pub(crate) fn f16_from_f32_slice(src: &[f32], dst: &mut [kfuse_ir::f16]) {
     }
 }
 
+/// `dst[i] = src[i]` widened to f32 (exact): sixteen lanes at a time on AVX-512, where a
+/// per-element `to_f32` tests the CPU's features once per value.
+pub(crate) fn f32_from_f16_slice(src: &[kfuse_ir::f16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "one value for each");
+    let whole = whole_blocks!(f32_from_f16_slice(src, dst));
+    for (d, s) in dst[whole..].iter_mut().zip(&src[whole..]) {
+        *d = s.to_f32();
+    }
+}
+
+/// `dst[i] = src[i]` widened to f32 as `bf16::to_f32` widens it: the bf16 bits are the f32's
+/// upper half, and a NaN is made quiet. A plain loop, which the compiler vectorizes.
+pub(crate) fn f32_from_bf16_slice(src: &[kfuse_ir::bf16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "one value for each");
+    for (d, s) in dst.iter_mut().zip(src) {
+        let bits = s.to_bits();
+        let quiet = if bits & 0x7fff > 0x7f80 { 0x0040 } else { 0 };
+        *d = f32::from_bits(u32::from(bits | quiet) << 16);
+    }
+}
+
 /// Rounds every value to the nearest bf16 (`bf16` true) or f16 and back to f32, as the IR
 /// rounds each op's result in those dtypes: sixteen lanes at a time on AVX-512.
 pub(crate) fn round_to_half_f32_slice(values: &mut [f32], bf16: bool) {
@@ -617,6 +638,24 @@ mod x86 {
         each16(values, |x| unsafe { act.apply(x) })
     }
 
+    /// The whole blocks of sixteen of [`super::f32_from_f16_slice`]; returns how many
+    /// elements it widened.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn f32_from_f16_slice(src: &[kfuse_ir::f16], dst: &mut [f32]) -> usize {
+        let blocks = src.len().min(dst.len()) / 16;
+        for b in 0..blocks {
+            // SAFETY: block b's sixteen elements lie in both slices; f16 is two bytes.
+            unsafe {
+                let h = _mm256_loadu_si256(src.as_ptr().add(16 * b).cast());
+                _mm512_storeu_ps(dst.as_mut_ptr().add(16 * b), _mm512_cvtph_ps(h));
+            }
+        }
+        16 * blocks
+    }
+
     /// The whole blocks of sixteen of [`super::round_to_half_f32_slice`]; returns how many
     /// elements it rounded.
     ///
@@ -947,6 +986,35 @@ mod tests {
             check(&values[..len]);
         }
         check(&values);
+        // Widening gives each half value's f32 exactly (every f16 and bf16 bit pattern).
+        let halves: Vec<u16> = (0..=u16::MAX).collect();
+        let h: Vec<kfuse_ir::f16> = halves
+            .iter()
+            .map(|&b| kfuse_ir::f16::from_bits(b))
+            .collect();
+        let b: Vec<kfuse_ir::bf16> = halves
+            .iter()
+            .map(|&b| kfuse_ir::bf16::from_bits(b))
+            .collect();
+        let mut wide = vec![0.0f32; halves.len()];
+        f32_from_f16_slice(&h, &mut wide);
+        for (v, w) in h.iter().zip(&wide) {
+            let want = v.to_f32();
+            assert!(
+                w.to_bits() == want.to_bits(),
+                "f16 {:#x}: {w:e}",
+                v.to_bits()
+            );
+        }
+        f32_from_bf16_slice(&b, &mut wide);
+        for (v, w) in b.iter().zip(&wide) {
+            let want = v.to_f32();
+            assert!(
+                w.to_bits() == want.to_bits(),
+                "bf16 {:#x}: {w:e}",
+                v.to_bits()
+            );
+        }
         // Rounding in place gives the conversion's value back in f32.
         for bf16 in [true, false] {
             let mut rounded = values.clone();
