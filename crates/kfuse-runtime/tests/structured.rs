@@ -1357,6 +1357,33 @@ fn half_precision_products_match_the_reference() {
     }
 }
 
+/// The program `text` compiles to one structured step in fast numerics whose outputs on random
+/// inputs drawn from `seed` hold the reference's values exactly (NaN where it has NaN; zeros of
+/// either sign alike): for products of one term, exact in f32, whatever the summation order.
+fn same_values_in_one_step(text: &str, seed: u64, what: &str) {
+    let graph = parse_graph(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let exe = build(&graph, Numerics::Fast);
+    assert!(
+        matches!(
+            exe.program.steps[..],
+            [kfuse_kernel::Step::Structured { .. }]
+        ),
+        "{what}: one structured step:\n{text}"
+    );
+    let inputs = random_inputs(&graph, seed);
+    let want = kfuse_interp::run(&graph, &inputs, &CustomOps::new()).unwrap();
+    let (got, _) = exe.run(&inputs, &CustomOps::new()).unwrap();
+    let (w, g) = (&want[0].1, &got[0].1);
+    assert_eq!(w.dtype(), g.dtype(), "{what}");
+    for i in 0..w.n_elems() {
+        let (a, b) = (w.get_f64(i), g.get_f64(i));
+        assert!(
+            a == b || a.is_nan() && b.is_nan(),
+            "{what}: element {i}: reference {a:e}, fast {b:e}"
+        );
+    }
+}
+
 /// Half-precision matmuls round every step as the reference does: with one term per sum, the
 /// f32 product is exact, so every later step sees the reference's values and the results are
 /// the reference's, bit for bit (zeros of either sign aside). Each epilogue step and each
@@ -1391,27 +1418,7 @@ fn half_precision_matmul_epilogues_round_every_step() {
                     a => format!("%y = {a}(%u)\n"),
                 };
                 text += "output \"y\" = %y\n";
-                let graph = parse_graph(&text).unwrap();
-                let exe = build(&graph, Numerics::Fast);
-                assert!(
-                    matches!(
-                        exe.program.steps[..],
-                        [kfuse_kernel::Step::Structured { .. }]
-                    ),
-                    "one structured step:\n{text}"
-                );
-                let inputs = random_inputs(&graph, 700 + k as u64);
-                let want = kfuse_interp::run(&graph, &inputs, &CustomOps::new()).unwrap();
-                let (got, _) = exe.run(&inputs, &CustomOps::new()).unwrap();
-                let (w, g) = (&want[0].1, &got[0].1);
-                assert_eq!(w.dtype(), g.dtype());
-                for i in 0..w.n_elems() {
-                    let (a, b) = (w.get_f64(i), g.get_f64(i));
-                    assert!(
-                        a == b || a.is_nan() && b.is_nan(),
-                        "{dtype} {m}x{n} {act}: element {i}: reference {a:e}, fast {b:e}"
-                    );
-                }
+                same_values_in_one_step(&text, 700 + k as u64, &format!("{dtype} {m}x{n} {act}"));
             }
         }
     }
@@ -1456,27 +1463,7 @@ fn half_precision_convolution_epilogues_round_every_step() {
                     }
                 };
                 text += &format!("output \"y\" = {last}\n");
-                let graph = parse_graph(&text).unwrap();
-                let exe = build(&graph, Numerics::Fast);
-                assert!(
-                    matches!(
-                        exe.program.steps[..],
-                        [kfuse_kernel::Step::Structured { .. }]
-                    ),
-                    "one structured step:\n{text}"
-                );
-                let inputs = random_inputs(&graph, 900 + k as u64);
-                let want = kfuse_interp::run(&graph, &inputs, &CustomOps::new()).unwrap();
-                let (got, _) = exe.run(&inputs, &CustomOps::new()).unwrap();
-                let (w, g) = (&want[0].1, &got[0].1);
-                assert_eq!(w.dtype(), g.dtype());
-                for i in 0..w.n_elems() {
-                    let (a, b) = (w.get_f64(i), g.get_f64(i));
-                    assert!(
-                        a == b || a.is_nan() && b.is_nan(),
-                        "{dtype} {layout} {act}: element {i}: reference {a:e}, fast {b:e}"
-                    );
-                }
+                same_values_in_one_step(&text, 900 + k as u64, &format!("{dtype} {layout} {act}"));
             }
         }
     }
