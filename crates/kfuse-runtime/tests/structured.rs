@@ -1358,8 +1358,9 @@ fn half_precision_products_match_the_reference() {
 }
 
 /// The program `text` compiles to one structured step in fast numerics whose outputs on random
-/// inputs drawn from `seed` hold the reference's values exactly (NaN where it has NaN; zeros of
-/// either sign alike): for products of one term, exact in f32, whatever the summation order.
+/// inputs drawn from `seed`, then on those inputs with edge values in every third element,
+/// hold the reference's values exactly (NaN where it has NaN; zeros of either sign alike): for
+/// products of one term, exact in f32, whatever the summation order.
 fn same_values_in_one_step(text: &str, seed: u64, what: &str) {
     let graph = parse_graph(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     let exe = build(&graph, Numerics::Fast);
@@ -1370,17 +1371,44 @@ fn same_values_in_one_step(text: &str, seed: u64, what: &str) {
         ),
         "{what}: one structured step:\n{text}"
     );
-    let inputs = random_inputs(&graph, seed);
-    let want = kfuse_interp::run(&graph, &inputs, &CustomOps::new()).unwrap();
-    let (got, _) = exe.run(&inputs, &CustomOps::new()).unwrap();
-    let (w, g) = (&want[0].1, &got[0].1);
-    assert_eq!(w.dtype(), g.dtype(), "{what}");
-    for i in 0..w.n_elems() {
-        let (a, b) = (w.get_f64(i), g.get_f64(i));
-        assert!(
-            a == b || a.is_nan() && b.is_nan(),
-            "{what}: element {i}: reference {a:e}, fast {b:e}"
-        );
+    let mut inputs = random_inputs(&graph, seed);
+    // Then with edge values in every input: NaN, infinities, signed zeros, values that
+    // overflow f16 once multiplied, and the smallest subnormals of f16 and bf16.
+    let edges = [
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        -0.0,
+        0.0,
+        60000.0,
+        -65504.0,
+        2f64.powi(-24),
+        -2f64.powi(-133),
+        1e-3,
+    ];
+    for round in 0..2 {
+        if round == 1 {
+            for (_, a) in &mut inputs {
+                let mut values: Vec<f64> = (0..a.n_elems()).map(|i| a.get_f64(i)).collect();
+                for (i, v) in values.iter_mut().enumerate().step_by(3) {
+                    *v = edges[(i / 3) % edges.len()];
+                }
+                let wide = Array::from_vec(a.shape().dims().to_vec(), values).unwrap();
+                *a = kfuse_interp::elementwise::cast(&wide, a.dtype());
+            }
+        }
+        let want = kfuse_interp::run(&graph, &inputs, &CustomOps::new()).unwrap();
+        let (got, _) = exe.run(&inputs, &CustomOps::new()).unwrap();
+        let (w, g) = (&want[0].1, &got[0].1);
+        assert_eq!(w.dtype(), g.dtype(), "{what}");
+        for i in 0..w.n_elems() {
+            let (a, b) = (w.get_f64(i), g.get_f64(i));
+            assert!(
+                a == b || a.is_nan() && b.is_nan(),
+                "{what} (edge values: {}): element {i}: reference {a:e}, fast {b:e}",
+                round == 1
+            );
+        }
     }
 }
 
