@@ -142,8 +142,9 @@ impl Activation {
     }
 
     /// The activation node `id` applies to its input ([`Activation::input`]), if it is one: a
-    /// unary activation, a float `clamp` whose bounds are single-valued constants, or the `mul`
-    /// of a SiLU (`mul(x, sigmoid(x))`, either operand order).
+    /// unary activation, a float `clamp` whose bounds are single-valued constants, or the last
+    /// node of a compound activation: a SiLU's `mul`, a hard-swish's `div` or `mul` (see
+    /// `compound_parts`).
     pub fn of_node(graph: &Graph, id: NodeId) -> Option<Activation> {
         let node = graph.node(id);
         if matches!(node.op, Op::Binary(BinaryOp::Mul | BinaryOp::Div)) {
