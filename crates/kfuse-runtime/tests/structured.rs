@@ -879,6 +879,13 @@ fn non_finite_weights_beside_the_padding_match_the_reference() {
         (conv_case("nchw", "f32"), "w"),
         (conv_case("nhwc", "f32"), "w"),
         (conv_case("nchw", "f64"), "w"),
+        // Half-precision convolutions, bare and in a separable block.
+        (conv_case("nchw", "bf16"), "w"),
+        (conv_case("nhwc", "f16"), "w"),
+        (
+            mobilenet_block("nchw", "bf16", "[1, 8, 9, 16]", true, "relu"),
+            "wd",
+        ),
         (
             depthwise_bias("f32", "[1, 24, 7, 7]", "[3, 3]", 1, "clamp"),
             "w",
