@@ -1351,6 +1351,15 @@ fn half_precision_products_match_the_reference() {
                 .to_string(),
             27,
         ),
+        // Dilated, unevenly padded, NHWC, f16, with a bias.
+        (
+            "%x = input() name=\"x\" : f16[1, 11, 9, 4]\n%w = input() name=\"w\" : f16[5, 4, 3, 2]\n\
+             %b = input() name=\"b\" : f16[5]\n\
+             %c = conv2d(%x, %w) layout=nhwc stride=[1, 2] padding=[2, 0, 1, 3] dilation=[2, 3] groups=1\n\
+             %y = add(%c, %b)\noutput \"y\" = %y\n"
+                .to_string(),
+            25,
+        ),
     ];
     for (k, (text, terms)) in programs.iter().enumerate() {
         let graph = parse_graph(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
