@@ -226,8 +226,34 @@ fn conv2d_half(
         Layout::Nchw => out_dims[2] * out_dims[3],
         Layout::Nhwc => channels,
     };
-    if run > 0 {
-        for (i, values) in values.chunks_mut(run).enumerate() {
+    if run == 0 {
+        return Ok(());
+    }
+    /// The output, whichever half dtype it holds.
+    #[derive(Clone, Copy)]
+    enum Half {
+        F16(Out<kfuse_ir::f16>),
+        Bf16(Out<kfuse_ir::bf16>),
+    }
+    let src = Out(values.as_mut_ptr());
+    let dst = match out {
+        Storage::F16(o) => Half::F16(Out(o.as_mut_ptr())),
+        Storage::BF16(o) => Half::Bf16(Out(o.as_mut_ptr())),
+        _ => unreachable!("the output is the operands' half dtype, checked above"),
+    };
+    // Tasks of whole runs, each rounding its runs' steps and writing them converted: on the
+    // calling thread alone, this pass and the operands' widening left the pool's other thread
+    // idle for 41% of a bf16 MobileNetV2 block's time.
+    let runs = values.len() / run;
+    let per_task = (1 << 16) / run + 1;
+    Pool::global().run(runs.div_ceil(per_task), &|task| {
+        let first = task * per_task;
+        let count = per_task.min(runs - first);
+        // SAFETY: runs first..first + count of the sum and of the output, this task's alone.
+        let values =
+            unsafe { std::slice::from_raw_parts_mut(src.ptr().add(first * run), count * run) };
+        for (k, values) in values.chunks_mut(run).enumerate() {
+            let i = first + k;
             let bias = match (bias, attrs.layout) {
                 (None, _) => RowBias::None,
                 (Some(b), Layout::Nchw) => RowBias::Same(b[i % channels]),
@@ -236,17 +262,25 @@ fn conv2d_half(
             let tail = Tail {
                 bias,
                 scale: RowBias::None,
-                residual: residual.map(|r| &r[i * run..][..values.len()]),
+                residual: residual.map(|r| &r[i * run..][..run]),
                 activation: wide.activation,
             };
             crate::dense::epilogue_rounded(values, tail, bf16);
         }
-    }
-    match out {
-        Storage::F16(o) => crate::simd::f16_from_f32_slice(values, o),
-        Storage::BF16(o) => crate::simd::bf16_from_f32_slice(values, o),
-        _ => unreachable!("the output is the operands' half dtype, checked above"),
-    }
+        // SAFETY: as above.
+        unsafe {
+            match dst {
+                Half::F16(o) => crate::simd::f16_from_f32_slice(
+                    values,
+                    std::slice::from_raw_parts_mut(o.ptr().add(first * run), count * run),
+                ),
+                Half::Bf16(o) => crate::simd::bf16_from_f32_slice(
+                    values,
+                    std::slice::from_raw_parts_mut(o.ptr().add(first * run), count * run),
+                ),
+            }
+        }
+    });
     Ok(())
 }
 

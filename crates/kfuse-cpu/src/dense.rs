@@ -29,21 +29,30 @@ pub struct Epilogue<'a> {
 /// An f16 or bf16 operand widened to f32 (exactly), as the IR widens half-precision operands.
 pub(crate) fn widen_half(s: &Storage) -> Result<Storage, String> {
     match s {
-        Storage::F16(v) => {
-            let mut wide = vec![0.0; v.len()];
-            crate::simd::f32_from_f16_slice(v, &mut wide);
-            Ok(Storage::F32(wide))
-        }
-        Storage::BF16(v) => {
-            let mut wide = vec![0.0; v.len()];
-            crate::simd::f32_from_bf16_slice(v, &mut wide);
-            Ok(Storage::F32(wide))
-        }
+        Storage::F16(v) => Ok(Storage::F32(in_chunks(v, crate::simd::f32_from_f16_slice))),
+        Storage::BF16(v) => Ok(Storage::F32(in_chunks(v, crate::simd::f32_from_bf16_slice))),
         other => Err(format!(
             "a half-precision product's operands are f16 or bf16, not {}",
             other.dtype()
         )),
     }
+}
+
+/// Elements per task of [`in_chunks`] (256 KiB of f32).
+const CHUNK: usize = 1 << 16;
+
+/// `widen` of `src` into a new vector, in chunks over the pool's threads.
+fn in_chunks<S: Sync>(src: &[S], widen: fn(&[S], &mut [f32])) -> Vec<f32> {
+    let mut wide = vec![0.0f32; src.len()];
+    let out = Out(wide.as_mut_ptr());
+    crate::Pool::global().run(src.len().div_ceil(CHUNK), &|task| {
+        let range = task * CHUNK..((task + 1) * CHUNK).min(src.len());
+        // SAFETY: the chunk's range of `wide`, this task's alone; `run` returns after all.
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(out.ptr().add(range.start), range.len()) };
+        widen(&src[range], dst);
+    });
+    wide
 }
 
 /// The epilogue's operands (bias, scale, residual) widened by [`widen_half`].

@@ -391,11 +391,10 @@ impl<'a> Runner<'a> {
                     // `fast_half_conv`).
                     let routine = match call.anchor {
                         Anchor::MatMul { .. } => kfuse_cpu::matmul::writes(compute, out_ty.dtype),
-                        Anchor::Conv {
-                            depthwise: None, ..
-                        } => kfuse_cpu::conv::computes(compute) && compute == out_ty.dtype,
+                        // f16 and bf16 too, through f32 with each step rounded (a separable
+                        // block's convolutions one after the other).
                         Anchor::Conv { .. } => {
-                            kfuse_cpu::conv::supported(compute) && compute == out_ty.dtype
+                            kfuse_cpu::conv::computes(compute) && compute == out_ty.dtype
                         }
                     };
                     let fast = self.numerics == Numerics::Fast
@@ -841,6 +840,47 @@ fn fast_structured<'a>(
                 activation: d.activation,
             };
             let wp = take(true).expect("pointwise weights");
+            let dtype = operand(0).storage.dtype();
+            if matches!(dtype, kfuse_ir::DType::F16 | kfuse_ir::DType::BF16) {
+                // The fused block is f32 only: in half precision each convolution runs on the
+                // half-precision routine (every step rounded as the reference rounds it), its
+                // result stored between them.
+                let Anchor::Conv { conv, .. } = &call.anchor else {
+                    unreachable!("a separable anchor is a convolution")
+                };
+                let stage = |x: kfuse_cpu::dense::View,
+                             w: kfuse_cpu::dense::View,
+                             attrs: &kfuse_ir::Conv2dAttrs,
+                             dims: &[usize],
+                             epilogue: &kfuse_cpu::dense::Epilogue| {
+                    let mut y = Storage::zeros(dtype, dims.iter().product());
+                    kfuse_cpu::conv::conv2d(x, w, attrs, dims, &mut y, epilogue).map(|()| y)
+                };
+                let expanded = match &expand {
+                    Some((e, we, expand_epilogue)) => Some((
+                        stage(
+                            operand(0),
+                            *we,
+                            &e.attrs,
+                            e.ty.shape.dims(),
+                            expand_epilogue,
+                        )?,
+                        e.ty.shape.dims(),
+                    )),
+                    None => None,
+                };
+                let x = match &expanded {
+                    Some((storage, dims)) => kfuse_cpu::dense::View { storage, dims },
+                    None => operand(0),
+                };
+                let dims = d.ty.shape.dims();
+                let depthwise = stage(x, wd, &d.attrs, dims, &middle)?;
+                let x = kfuse_cpu::dense::View {
+                    storage: &depthwise,
+                    dims,
+                };
+                return kfuse_cpu::conv::conv2d(x, wp, conv, out_dims, out, &epilogue);
+            }
             match expand {
                 Some((e, we, expand_epilogue)) => kfuse_cpu::conv::inverted_residual(
                     operand(0),

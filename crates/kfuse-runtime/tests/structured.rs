@@ -1510,6 +1510,44 @@ fn half_precision_convolution_epilogues_round_every_step() {
                 same_values_in_one_step(&text, 900 + k as u64, &format!("{dtype} {layout} {act}"));
             }
         }
+        // An inverted residual of one channel throughout (1×1 expansion, 1×1 depthwise,
+        // projection, each with its bias and activation, then the skip connection): every
+        // convolution of the block sums one term.
+        for (k, act) in ["relu", "silu", "hardswish"].into_iter().enumerate() {
+            let apply = |v: &str, out: &str| match act {
+                "silu" => silu(v, out),
+                "hardswish" => hardswish(v, out, dtype, act),
+                a => format!("%{out} = {a}({v})\n"),
+            };
+            let conv = |x: &str, w: &str, out: &str| {
+                format!("%{out} = conv2d(%{x}, %{w}) layout=nchw stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n")
+            };
+            let mut text = String::new();
+            for (name, dims) in [
+                ("x", "[2, 1, 6, 9]"),
+                ("we", "[1, 1, 1, 1]"),
+                ("be", "[1, 1, 1]"),
+                ("wd", "[1, 1, 1, 1]"),
+                ("bd", "[1, 1, 1]"),
+                ("wp", "[1, 1, 1, 1]"),
+                ("bp", "[1, 1, 1]"),
+            ] {
+                text += &format!("%{name} = input() name=\"{name}\" : {dtype}{dims}\n");
+            }
+            text += &conv("x", "we", "e1");
+            text += "%e2 = add(%e1, %be)\n";
+            text += &apply("%e2", "e3");
+            text += &conv("e3", "wd", "d1");
+            text += "%d2 = add(%d1, %bd)\n";
+            text += &apply("%d2", "d3");
+            text += &conv("d3", "wp", "p1");
+            text += "%p2 = add(%p1, %bp)\n%y = add(%p2, %x)\noutput \"y\" = %y\n";
+            same_values_in_one_step(
+                &text,
+                950 + k as u64,
+                &format!("{dtype} inverted residual {act}"),
+            );
+        }
     }
 }
 
