@@ -18,8 +18,8 @@
 use kfuse_ir::{Conv2dAttrs, DType, Layout, Storage};
 
 use crate::dense::{
-    epilogue, epilogue_operand, gemm_into, widen_half, with_scratch, Activation, Init, Out, Real,
-    RowBias, Tail, Widened,
+    epilogue, epilogue_operand, gemm_into, widen_half, widen_half_into, with_scratch, Activation,
+    Init, Out, Real, RowBias, Tail, Widened,
 };
 pub use crate::dense::{Epilogue, View};
 
@@ -196,10 +196,20 @@ fn conv2d_half(
     if out.dtype() != x.storage.dtype() {
         return Err("the output dtype differs from the convolution's".into());
     }
-    let (wx, ww) = (widen_half(x.storage)?, widen_half(w.storage)?);
+    thread_local! {
+        /// The widened input and the f32 sum of the last call on this thread: fresh buffers
+        /// page-faulted on every run.
+        static KEPT: std::cell::RefCell<[Vec<f32>; 2]> = const {
+            std::cell::RefCell::new([Vec::new(), Vec::new()])
+        };
+    }
+    let [kept_x, mut kept_sum] = KEPT.with(|k| std::mem::take(&mut *k.borrow_mut()));
+    let (wx, ww) = (widen_half_into(x.storage, kept_x)?, widen_half(w.storage)?);
     let wide = Widened::of(epilogue)?;
     let wide = wide.epilogue();
-    let mut sum = Storage::zeros(DType::F32, out.len());
+    // Overwritten whole by the convolution.
+    kept_sum.resize(out.len(), 0.0);
+    let mut sum = Storage::F32(kept_sum);
     conv2d_typed::<f32>(
         View {
             storage: &wx,
@@ -281,6 +291,9 @@ fn conv2d_half(
             }
         }
     });
+    if let (Storage::F32(x), Storage::F32(sum)) = (wx, sum) {
+        KEPT.with(|k| *k.borrow_mut() = [x, sum]);
+    }
     Ok(())
 }
 

@@ -28,22 +28,32 @@ pub struct Epilogue<'a> {
 
 /// An f16 or bf16 operand widened to f32 (exactly), as the IR widens half-precision operands.
 pub(crate) fn widen_half(s: &Storage) -> Result<Storage, String> {
+    widen_half_into(s, Vec::new())
+}
+
+/// [`widen_half`] into `buf`, resized to the operand's length (a buffer kept between calls
+/// does not page-fault again).
+pub(crate) fn widen_half_into(s: &Storage, mut buf: Vec<f32>) -> Result<Storage, String> {
+    buf.resize(s.len(), 0.0);
     match s {
-        Storage::F16(v) => Ok(Storage::F32(in_chunks(v, crate::simd::f32_from_f16_slice))),
-        Storage::BF16(v) => Ok(Storage::F32(in_chunks(v, crate::simd::f32_from_bf16_slice))),
-        other => Err(format!(
-            "a half-precision product's operands are f16 or bf16, not {}",
-            other.dtype()
-        )),
+        Storage::F16(v) => in_chunks(v, &mut buf, crate::simd::f32_from_f16_slice),
+        Storage::BF16(v) => in_chunks(v, &mut buf, crate::simd::f32_from_bf16_slice),
+        other => {
+            return Err(format!(
+                "a half-precision product's operands are f16 or bf16, not {}",
+                other.dtype()
+            ))
+        }
     }
+    Ok(Storage::F32(buf))
 }
 
 /// Elements per task of [`in_chunks`] (256 KiB of f32).
 const CHUNK: usize = 1 << 16;
 
-/// `widen` of `src` into a new vector, in chunks over the pool's threads.
-fn in_chunks<S: Sync>(src: &[S], widen: fn(&[S], &mut [f32])) -> Vec<f32> {
-    let mut wide = vec![0.0f32; src.len()];
+/// `widen` of `src` into `wide` (as long), in chunks over the pool's threads.
+fn in_chunks<S: Sync>(src: &[S], wide: &mut [f32], widen: fn(&[S], &mut [f32])) {
+    assert_eq!(src.len(), wide.len(), "one value for each");
     let out = Out(wide.as_mut_ptr());
     crate::Pool::global().run(src.len().div_ceil(CHUNK), &|task| {
         let range = task * CHUNK..((task + 1) * CHUNK).min(src.len());
@@ -52,7 +62,6 @@ fn in_chunks<S: Sync>(src: &[S], widen: fn(&[S], &mut [f32])) -> Vec<f32> {
             unsafe { std::slice::from_raw_parts_mut(out.ptr().add(range.start), range.len()) };
         widen(&src[range], dst);
     });
-    wide
 }
 
 /// The epilogue's operands (bias, scale, residual) widened by [`widen_half`].
