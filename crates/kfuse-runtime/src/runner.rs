@@ -687,11 +687,12 @@ fn reference_structured<'a>(
 /// dtypes, and for a padded convolution with a non-finite weight (see
 /// [`padded_weights_not_finite`]): those run on the reference. Everything around the product
 /// (a structured step's epilogue) stays op by op, each op rounding to the half dtype as the
-/// reference does. (Half-precision matmuls, bare or structured, go to `kfuse_cpu::matmul`,
-/// which rounds every step of their epilogue itself.)
-fn fast_half_conv(
+/// reference does. It is `kfuse_cpu::conv::conv2d`'s half-precision path with no epilogue,
+/// for the steps the runner evaluates op by op. (Half-precision matmuls, bare or structured,
+/// go to `kfuse_cpu::matmul`, which rounds every step of their epilogue itself.)
+fn fast_half_conv<'a>(
     op: &kfuse_ir::Op,
-    operands: &[&Array],
+    operands: &[&'a Array],
     ty: &kfuse_ir::TensorType,
 ) -> Option<Result<Array, String>> {
     use kfuse_ir::{DType, Op};
@@ -700,42 +701,25 @@ fn fast_half_conv(
     };
     if !matches!(ty.dtype, DType::F16 | DType::BF16)
         || operands.len() != 2
-        || padded_weights_not_finite_half(attrs, operands)
+        || padded_weights_not_finite(attrs, operands[1].storage())
     {
         return None;
     }
-    let wide: Vec<Array> = operands
-        .iter()
-        .map(|a| kfuse_interp::elementwise::cast(a, DType::F32))
-        .collect();
-    fn view(a: &Array) -> kfuse_cpu::dense::View<'_> {
-        kfuse_cpu::dense::View {
-            storage: a.storage(),
-            dims: a.shape().dims(),
-        }
-    }
-    let mut out = Storage::zeros(DType::F32, ty.shape.n_elems());
-    let none = kfuse_cpu::dense::Epilogue {
-        bias: None,
-        scale: None,
-        residual: None,
-        activation: None,
+    let view = |a: &'a Array| kfuse_cpu::dense::View {
+        storage: a.storage(),
+        dims: a.shape().dims(),
     };
-    let dims = ty.shape.dims();
-    let done =
-        kfuse_cpu::conv::conv2d(view(&wide[0]), view(&wide[1]), attrs, dims, &mut out, &none);
-    Some(done.map(|()| {
-        let sum = Array::new(ty.shape.clone(), out).expect("the output fills its shape");
-        kfuse_interp::elementwise::cast(&sum, ty.dtype)
-    }))
-}
-
-/// [`padded_weights_not_finite`] for half-precision weights (`operands[1]`).
-fn padded_weights_not_finite_half(attrs: &kfuse_ir::Conv2dAttrs, operands: &[&Array]) -> bool {
-    attrs.padding.iter().any(|&p| p > 0)
-        && operands
-            .get(1)
-            .is_some_and(|w| (0..w.n_elems()).any(|i| !w.get_f64(i).is_finite()))
+    // The half-precision routine, with no epilogue: the product rounded once.
+    let mut out = Storage::zeros(ty.dtype, ty.shape.n_elems());
+    let done = kfuse_cpu::conv::conv2d(
+        view(operands[0]),
+        view(operands[1]),
+        attrs,
+        ty.shape.dims(),
+        &mut out,
+        &kfuse_cpu::dense::Epilogue::default(),
+    );
+    Some(done.map(|()| Array::new(ty.shape.clone(), out).expect("the output fills its shape")))
 }
 
 /// An absorbed activation run as its IR op on the reference interpreter.
