@@ -332,14 +332,8 @@ fn residual(layout: &str, dtype: &str, x: &str, groups: usize, act: &str) -> (St
     );
     let last = if act.is_empty() {
         "%r"
-    } else if act == "silu" {
-        text += &silu("%r", "y");
-        "%y"
-    } else if act.starts_with("hard") {
-        text += &hardswish("%r", "y", dtype, act);
-        "%y"
     } else {
-        text += &format!("%y = {act}(%r)\n");
+        text += &activate(act, "%r", "y", dtype);
         "%y"
     };
     text += &format!("output \"y\" = {last}\n");
@@ -423,6 +417,16 @@ fn hardswish(v: &str, out: &str, dtype: &str, form: &str) -> String {
     text
 }
 
+/// `act` of `v` (of `dtype`) into `%out` as exporters write it: SiLU and hard-swish (both
+/// forms, see [`hardswish`]) as their nodes, any other name as that unary op.
+fn activate(act: &str, v: &str, out: &str, dtype: &str) -> String {
+    match act {
+        "silu" => silu(v, out),
+        a if a.starts_with("hard") => hardswish(v, out, dtype, a),
+        a => format!("%{out} = {a}({v})\n"),
+    }
+}
+
 fn mobilenet_block(
     layout: &str,
     dtype: &str,
@@ -455,14 +459,8 @@ fn mobilenet_block(
              %a = clamp({last}, %lo, %hi)\n"
         );
         last = "%a".into();
-    } else if middle == "silu" {
-        text += &silu(&last, "a");
-        last = "%a".into();
-    } else if middle.starts_with("hard") {
-        text += &hardswish(&last, "a", dtype, middle);
-        last = "%a".into();
     } else if !middle.is_empty() {
-        text += &format!("%a = {middle}({last})\n");
+        text += &activate(middle, &last, "a", dtype);
         last = "%a".into();
     }
     text += &format!(
@@ -509,9 +507,7 @@ fn inverted_residual(
     let apply = |v: &str, out: &str| match act {
         "relu6" => format!("%{out} = clamp({v}, %lo, %hi)\n"),
         "" => format!("%{out} = add({v}, %lo)\n"),
-        "silu" => silu(v, out),
-        a if a.starts_with("hard") => hardswish(v, out, dtype, a),
-        a => format!("%{out} = {a}({v})\n"),
+        a => activate(a, v, out, dtype),
     };
     text += &apply("%x2", "x3");
     text += &format!(
@@ -752,9 +748,7 @@ fn random_separable_blocks_match_the_reference() {
         ][rng.below(6)];
         let apply = |v: &str, out: &str| match act {
             "relu6" => format!("%{out} = clamp({v}, %lo, %hi)\n"),
-            "silu" => silu(v, out),
-            a if a.starts_with("hard") => hardswish(v, out, "f32", a),
-            a => format!("%{out} = {a}({v})\n"),
+            a => activate(a, v, out, "f32"),
         };
         let mut text = format!(
             "%x = input() name=\"x\" : f32[{n}, {c}, {h}, {w}]\n\
@@ -1456,10 +1450,8 @@ fn half_precision_matmul_epilogues_round_every_step() {
                      %h = matmul(%x, %w)\n%s = add(%h, %b)\n%t = mul(%s, %g)\n%u = add(%t, %r)\n"
                 );
                 text += &match act {
-                    "silu" => silu("%u", "y"),
                     "cast" => "%y = cast(%u) to=f32\n".to_string(),
-                    a if a.starts_with("hard") => hardswish("%u", "y", dtype, a),
-                    a => format!("%y = {a}(%u)\n"),
+                    a => activate(a, "%u", "y", dtype),
                 };
                 text += "output \"y\" = %y\n";
                 same_values_in_one_step(&text, 700 + k as u64, &format!("{dtype} {m}x{n} {act}"));
@@ -1491,20 +1483,11 @@ fn half_precision_convolution_epilogues_round_every_step() {
                      %c = conv2d(%x, %w) layout={layout} stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n\
                      %s = add(%c, %b)\n%u = add(%s, %r)\n"
                 );
-                let last = match act {
-                    "" => "%u",
-                    "silu" => {
-                        text += &silu("%u", "y");
-                        "%y"
-                    }
-                    "hardswish" => {
-                        text += &hardswish("%u", "y", dtype, act);
-                        "%y"
-                    }
-                    a => {
-                        text += &format!("%y = {a}(%u)\n");
-                        "%y"
-                    }
+                let last = if act.is_empty() {
+                    "%u"
+                } else {
+                    text += &activate(act, "%u", "y", dtype);
+                    "%y"
                 };
                 text += &format!("output \"y\" = {last}\n");
                 same_values_in_one_step(&text, 900 + k as u64, &format!("{dtype} {layout} {act}"));
@@ -1514,11 +1497,7 @@ fn half_precision_convolution_epilogues_round_every_step() {
         // projection, each with its bias and activation, then the skip connection): every
         // convolution of the block sums one term.
         for (k, act) in ["relu", "silu", "hardswish"].into_iter().enumerate() {
-            let apply = |v: &str, out: &str| match act {
-                "silu" => silu(v, out),
-                "hardswish" => hardswish(v, out, dtype, act),
-                a => format!("%{out} = {a}({v})\n"),
-            };
+            let apply = |v: &str, out: &str| activate(act, v, out, dtype);
             let conv = |x: &str, w: &str, out: &str| {
                 format!("%{out} = conv2d(%{x}, %{w}) layout=nchw stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n")
             };
@@ -1733,14 +1712,8 @@ fn random_structured_matmuls_match_the_reference() {
                  %r = clamp({sum}, %lo, %hi)\n"
             );
             "%r"
-        } else if activation == "silu" {
-            text += &silu(sum, "r");
-            "%r"
-        } else if activation.starts_with("hard") {
-            text += &hardswish(sum, "r", "f32", activation);
-            "%r"
         } else {
-            text += &format!("%r = {activation}({sum})\n");
+            text += &activate(activation, sum, "r", "f32");
             "%r"
         };
         // One draw in four casts the result to another float dtype.
