@@ -4,8 +4,9 @@
 
 Peers: numpy (eager; W1-W5), jax.jit, onnxruntime (the models use ORT's fused Softmax,
 LayerNormalization and BatchNormalization ops where ONNX has them, and give weights as
-initializers so ORT can fold and fuse them). torch is not among them: its PyPI wheel pulls in
-gigabytes of CUDA libraries. Every framework is limited to two threads.
+initializers so ORT can fold and fuse them), torch eager and torch.compile (inductor, which
+compiles C++ with the system's g++; both under `torch.inference_mode`). Every framework is
+limited to two threads; a framework that is not installed is skipped with a line on stderr.
 
 The frameworks take turns: each round times every peer and then kfuse (`kfuse bench`), and a
 framework's figure for a workload is the best of its per-round medians, as in WORKLOADS.md's
@@ -13,8 +14,9 @@ framework's figure for a workload is the best of its per-round medians, as in WO
 its figure (onnxruntime, for one, alternates between a fast and a two-times-slower mode
 between rounds on this VM). Prints a Markdown
 table of those figures and writes the raw numbers as JSON to stdout's last line.
-Needs `pip install numpy onnx onnxruntime "jax[cpu]"` in an environment of its own; kfuse's build
-and tests never need any of this.
+Needs `pip install numpy onnx onnxruntime "jax[cpu]" torch` in an environment of its own (PyPI's
+torch wheel brings about 4 GB of CUDA libraries it does not use here); kfuse's build and tests
+never need any of this.
 """
 import argparse
 import json
@@ -228,6 +230,53 @@ def ort_suite(d):
     }
 
 
+def torch_suites(d):
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(int(THREADS))
+    t = {k: torch.from_numpy(v) for k, v in d.items()}
+
+    def softmax(s):
+        return torch.softmax(s, dim=1)
+
+    def layernorm(x, g, b):
+        return F.layer_norm(x, (LAYERNORM[1],), g, b, eps=1e-5)
+
+    def cbr(x, w, mean, var, gamma, beta):
+        return torch.relu(F.batch_norm(F.conv2d(x, w, padding=1), mean, var, gamma, beta, training=False, eps=1e-5))
+
+    graphs = {
+        "W1": (lambda x: torch.log(torch.exp(x) + 1), ["x"]),
+        "W2a": (lambda x: torch.tanh(0.5 * x + 0.1), ["x"]),
+        "W2b": (lambda x: torch.clamp_min(torch.tanh(x * 0.5 + 0.1) * x - 0.3, 0), ["x"]),
+        "W3": (lambda x, y: (lambda p: (p + 0.25, p - 0.75))(x * y), ["x", "y"]),
+        "W4a": (softmax, ["s"]),
+        "W4b": (layernorm, ["l", "g", "b"]),
+        "W5a": (lambda x, w, b: torch.relu(x @ w + b), ["dx", "dw1", "db1"]),
+        "W5b": (lambda x, w1, b1, w2, b2: gelu_tanh(torch, x @ w1 + b1) @ w2 + b2, ["dx", "dw1", "db1", "dw2", "db2"]),
+        "W6a": (lambda x, wd, wp: F.conv2d(F.conv2d(x, wd, padding=1, groups=DSC[1]), wp), ["cx", "wd", "wp"]),
+        "W6b": (lambda x, w: F.conv2d(x, w, padding=1), ["cx", "w6"]),
+        "W7": (cbr, ["bx", "bw", "mean", "var", "gamma", "beta"]),
+    }
+
+    def run(f, args):
+        def go():
+            with torch.inference_mode():
+                return f(*args)
+        return go
+
+    eager = {w: run(f, [t[k] for k in keys]) for w, (f, keys) in graphs.items()}
+    compiled = {}
+    for w, (f, keys) in graphs.items():
+        go = run(torch.compile(f), [t[k] for k in keys])
+        start = time.perf_counter()
+        go()
+        print(f"torch.compile {w}: compiled in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+        compiled[w] = go
+    return {"torch": eager, "torch.compile": compiled}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--kfuse", default="target/release/kfuse")
@@ -236,11 +285,13 @@ def main():
     args = parser.parse_args()
     d = data()
     suites = {}
-    for name, suite in [("numpy", numpy_suite), ("jax.jit", jax_suite), ("onnxruntime", ort_suite)]:
+    for name, suite in [("numpy", numpy_suite), ("jax.jit", jax_suite), ("onnxruntime", ort_suite), ("torch", torch_suites)]:
         try:
-            suites[name] = suite(d)
+            made = suite(d)
         except ImportError as e:
             print(f"skipping {name}: {e}", file=sys.stderr)
+            continue
+        suites.update(made if name == "torch" else {name: made})
     env = dict(os.environ, KFUSE_THREADS=THREADS)
     workloads = ["W1", "W2a", "W2b", "W3", "W4a", "W4b", "W5a", "W5b", "W6a", "W6b", "W7"]
     per_round = {name: {} for name in list(suites) + ["kfuse"]}

@@ -28,6 +28,7 @@ use crate::Pool;
 mod depthwise;
 mod direct;
 mod shifted;
+mod winograd;
 
 /// Bytes of the per-task tile (im2col columns or depthwise output) aimed for: the size of one
 /// core's L2 on the machine kfuse is measured on (1 MiB measured faster than 256 KiB for W6b
@@ -445,6 +446,12 @@ fn conv2d_typed<T: Real>(
             T::f32s_mut(y),
         ) {
             direct::pointwise(&g, xs, ws, y, post);
+        } else if let (true, Some((xs, ws, post)), Some(y)) = (
+            winograd::applies(&g),
+            f32_operands(xs, ws, post),
+            T::f32s_mut(y),
+        ) {
+            winograd::conv(&g, xs, ws, y, post);
         } else if let (true, Some((xs, ws, post)), Some(y)) = (
             direct::applies(&g),
             f32_operands(xs, ws, post),

@@ -43,11 +43,11 @@ use crate::simd::InRegisters;
 use std::sync::Arc;
 
 /// Output channels per microkernel block.
-const OB: usize = 8;
+pub(super) const OB: usize = 8;
 /// 16-wide vectors of positions per microkernel block.
 const NV: usize = 3;
 /// Positions per microkernel block.
-const QB: usize = 16 * NV;
+pub(super) const QB: usize = 16 * NV;
 
 /// Whether `g` runs here: NCHW, stride 1, a kernel larger than 1×1, on a CPU with AVX-512.
 pub(super) fn applies(g: &Geometry) -> bool {
@@ -374,7 +374,7 @@ const PACK_ALONE: usize = 64 << 10;
 /// # Safety
 /// The elements `dst` addresses must be writable and this thread's alone.
 #[allow(clippy::too_many_arguments)]
-unsafe fn compute(
+pub(super) unsafe fn compute(
     x: &[f32],
     plane: usize,
     offsets: &[usize],
@@ -430,7 +430,7 @@ struct Finish {
 
 /// Splits an epilogue into what the microkernel applies in registers (the bias, and ReLU or a
 /// clamp when nothing comes between) and the rest, applied to the stored rows.
-fn split(post: Post<f32>) -> (Post<f32>, Post<f32>) {
+pub(super) fn split(post: Post<f32>) -> (Post<f32>, Post<f32>) {
     let act_in_registers = InRegisters::of(post.act).is_some() && post.residual.is_none();
     let in_registers = Post {
         bias: post.bias,

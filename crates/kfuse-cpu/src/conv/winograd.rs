@@ -1,0 +1,720 @@
+//! 3×3 stride-1 convolutions for f32 NCHW on AVX-512 by Winograd's minimal filtering,
+//! F(2×2, 3×3): 16 multiplications per 2×2 block of outputs, input channel and output channel,
+//! where the direct convolution takes 36.
+//!
+//! The output is cut into 2×2 tiles, each reading a 4×4 tile of input. Per band of tile rows
+//! (one task):
+//! 1. **Input transform.** Each input tile `d` becomes `V = Bᵀ d B` (sums and differences
+//!    only), stored as 16 planes `V[ξ][c][t]`, one per element `ξ` of the 4×4 result, with the
+//!    band's tiles `t` contiguous. Sixteen horizontally adjacent tiles are one vector: their
+//!    columns are the even and odd lanes of two loads.
+//! 2. **Products.** For each `ξ`, `M[ξ] = U[ξ] · V[ξ]` over the input channels, where `U[ξ]`
+//!    are the transformed weights `G g Gᵀ` (made once per call, or kept with the weights when
+//!    they are a registered constant). These are 16 GEMMs of `c_out × c_in` by `c_in × tiles`,
+//!    run on the direct convolution's microkernel (8 output channels × 48 tiles in registers).
+//! 3. **Output transform.** Each output tile is `Aᵀ M A` (sums and differences again), then the
+//!    bias and ReLU or a clamp in registers, interleaved back into pixel columns and stored to
+//!    the output rows. The rest of an epilogue (a residual, other activations) runs over the
+//!    band's rows afterwards, as in the direct convolution.
+//!
+//! The band's `V` (half a megabyte at most) stays in L2 while blocks of 32 output channels read
+//! it, and each block's `M` is consumed by the output transform right after its products.
+//!
+//! **Numerics.** The sums are in another order than the direct convolution's, with the
+//! transforms' additions on top; the results agree within a few units in the last place of the
+//! sum of the products' magnitudes (fast numerics only, as every structured kernel). A
+//! non-finite value would not: an infinite input reaches its tile's other outputs through the
+//! transforms as `inf - inf`, which is NaN where the direct sum is finite or infinite. So every
+//! result is checked before its epilogue, and if one is not finite (a NaN or infinity in the
+//! input, or an overflow in a transform) the whole convolution is computed again by the direct
+//! kernel, which gives the reference's non-finite values. Non-finite transformed weights go to
+//! the direct kernel at once.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use kfuse_ir::Layout;
+
+use super::direct::{self, Dst, OB};
+use super::{for_each_band_fitted, Geometry, Post};
+use crate::constants;
+use crate::dense::{epilogue, has_avx512, with_scratch, Out};
+use crate::simd::InRegisters;
+
+/// Output channels per block of products: their `M` planes are written and read while hot.
+const CB: usize = 32;
+/// The bytes of a band's transformed input `V` that bands are sized for (they stay in L2).
+const V_BYTES: usize = 640 << 10;
+/// The fewest input and output channels taken here: with fewer, the transforms cost more than
+/// the multiplications they save.
+const MIN_CHANNELS: usize = 16;
+
+/// How many input channels ahead the input transform prefetches.
+const PREFETCH: usize = 2;
+
+/// Whether `g` runs here: f32 NCHW 3×3, stride 1, no dilation, one group, at least
+/// [`MIN_CHANNELS`] channels in and out, an output at least 2×2, on AVX-512.
+pub(super) fn applies(g: &Geometry) -> bool {
+    g.layout == Layout::Nchw
+        && g.kh == 3
+        && g.kw == 3
+        && g.stride == [1, 1]
+        && g.dilation == [1, 1]
+        && g.groups == 1
+        && g.x[1] >= MIN_CHANNELS
+        && g.y[1] >= MIN_CHANNELS
+        && g.y[2] >= 2
+        && g.y[3] >= 2
+        && has_avx512()
+}
+
+/// The convolution of `g` into `y`, with the epilogue. Call only where [`applies`] holds.
+pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
+    let [n_images, c_out, oh, ow] = g.y;
+    let c_in = g.x[1];
+    let u = transformed_weights(ws, c_out, c_in);
+    if !u.iter().all(|v| v.is_finite()) {
+        return direct::conv(g, xs, ws, y, post);
+    }
+    let (in_registers, rest) = direct::split(post);
+    let act = InRegisters::of(in_registers.act);
+    let tw = ow.div_ceil(2);
+    let blocks = c_out.div_ceil(OB);
+    let spoiled = AtomicBool::new(false);
+    let out = Out(y.as_mut_ptr());
+    let job = |n: usize, band: std::ops::Range<usize>| {
+        if spoiled.load(Ordering::Relaxed) {
+            return;
+        }
+        let (r0, r1) = (band.start, band.end);
+        let tile_rows = (r1 - r0).div_ceil(2);
+        let tiles = tile_rows * tw;
+        let tp = tiles.div_ceil(16) * 16;
+        let cb = c_out.min(CB);
+        // The 16 planes of `V` and of `M` are a line more than their rows apart: at a
+        // multiple of 4 KiB they would all fall in one set of L1, which holds 12 lines.
+        let (vs, ms) = (c_in * tp + 16, cb * tp + 16);
+        with_scratch(16 * vs + 16 * ms, |scratch: &mut [f32]| {
+            let (v, m) = scratch.split_at_mut(16 * vs);
+            let at = Band {
+                n,
+                r0,
+                r1,
+                tw,
+                tp,
+                vs,
+                ms,
+            };
+            // SAFETY: `applies` checked AVX-512; the band's reads stay inside image n (masked
+            // by the input's rows and columns), its writes inside `v`.
+            unsafe { input_transform(g, xs, &at, v) };
+            for c0 in (0..c_out).step_by(cb) {
+                let cc = cb.min(c_out - c0);
+                let (b0, b1) = (c0 / OB, (c0 + cc).div_ceil(OB));
+                for xi in 0..16 {
+                    let dst = Dst {
+                        ptr: m[xi * ms..].as_mut_ptr(),
+                        stride: tp,
+                        channels: cc,
+                        valid: tiles,
+                    };
+                    let w = &u[(xi * blocks + b0) * c_in * OB..][..(b1 - b0) * c_in * OB];
+                    // SAFETY: `dst` addresses `cc` rows of `tp` of this task's `m`.
+                    unsafe {
+                        direct::compute(
+                            &v[xi * vs..][..c_in * tp],
+                            tp,
+                            &[0],
+                            w,
+                            dst,
+                            None,
+                            None,
+                            false,
+                        )
+                    };
+                }
+                // SAFETY: as above; the stores go to rows r0..r1 of channels c0..c0 + cc of
+                // image n, this task's alone.
+                let finite = unsafe {
+                    output_transform(
+                        g,
+                        m,
+                        cb,
+                        &at,
+                        c0..c0 + cc,
+                        in_registers.bias,
+                        act,
+                        out.ptr(),
+                    )
+                };
+                if !finite {
+                    spoiled.store(true, Ordering::Relaxed);
+                    return;
+                }
+                if !rest.is_empty() {
+                    for co in c0..c0 + cc {
+                        let at = ((n * c_out + co) * oh + r0) * ow;
+                        let len = (r1 - r0) * ow;
+                        // SAFETY: rows r0..r1 of channel co of image n are this task's.
+                        let rows =
+                            unsafe { std::slice::from_raw_parts_mut(out.ptr().add(at), len) };
+                        epilogue(rows, rest.channel(co, at, len));
+                    }
+                }
+            }
+        });
+    };
+    // Bands of whole tile rows whose `V` takes at most `V_BYTES`, as many as fill the
+    // microkernel's blocks of 48 tiles best: W7's rows of 28 tiles go five at a time (140 of
+    // 144), where four (112 = 48 + 48 + 16) left a block of one vector, at a third of the
+    // speed.
+    let v_per_tile_row = 16 * c_in * tw * std::mem::size_of::<f32>();
+    let most = (V_BYTES / v_per_tile_row).clamp(1, oh.div_ceil(2));
+    let filled = |k: usize| (k * tw) as f64 / ((k * tw).div_ceil(direct::QB) * direct::QB) as f64;
+    let k = (1..=most)
+        .rev()
+        .max_by(|&a, &b| filled(a).total_cmp(&filled(b)))
+        .unwrap_or(1);
+    for_each_band_fitted(
+        n_images,
+        oh,
+        v_per_tile_row / 2,
+        |rows| (rows / 2 * 2).clamp(2, 2 * k),
+        &job,
+    );
+    if spoiled.into_inner() {
+        direct::conv(g, xs, ws, y, post);
+    }
+}
+
+/// The output rows one task computes: image `n`, rows `r0..r1` (`r0` even), as tile rows of
+/// `tw` tiles, stored `tp` apart (whole vectors) in the transformed planes, which are `vs`
+/// (`V`) and `ms` (`M`) apart.
+struct Band {
+    n: usize,
+    r0: usize,
+    r1: usize,
+    tw: usize,
+    tp: usize,
+    vs: usize,
+    ms: usize,
+}
+
+/// The transformed weights `U[ξ] = (G g Gᵀ)[ξ]` of the `c_out × c_in × 3 × 3` weights `ws`,
+/// packed per `ξ` as the microkernel reads them: `[ξ][block of OB outputs][c_in][OB]`, zeros past
+/// the last output channel; kept with the weights where they are a registered constant.
+fn transformed_weights(ws: &[f32], c_out: usize, c_in: usize) -> Arc<Vec<f32>> {
+    constants::packed(ws, [2, c_out, c_in, 0, 0], || {
+        let blocks = c_out.div_ceil(OB);
+        let mut u = vec![0.0f32; 16 * blocks * c_in * OB];
+        for co in 0..c_out {
+            for ci in 0..c_in {
+                let g = &ws[(co * c_in + ci) * 9..][..9];
+                // G g: each filter column's 3 values to 4.
+                let gg: [[f32; 3]; 4] = std::array::from_fn(|i| {
+                    std::array::from_fn(|j| spread(i, [g[j], g[3 + j], g[6 + j]]))
+                });
+                for (i, row) in gg.iter().enumerate() {
+                    for j in 0..4 {
+                        let xi = 4 * i + j;
+                        u[((xi * blocks + co / OB) * c_in + ci) * OB + co % OB] = spread(j, *row);
+                    }
+                }
+            }
+        }
+        u
+    })
+}
+
+/// Row `i` of `G [a, b, c]ᵀ`, `G = [[1, 0, 0], [½, ½, ½], [½, -½, ½], [0, 0, 1]]`.
+fn spread(i: usize, [a, b, c]: [f32; 3]) -> f32 {
+    match i {
+        0 => a,
+        1 => (a + b + c) * 0.5,
+        2 => (a - b + c) * 0.5,
+        _ => c,
+    }
+}
+
+/// The lanes `k` of a 16-wide vector whose column `col0 + k` lies in `0..width`.
+fn columns(col0: isize, width: usize) -> u16 {
+    let lo = (-col0).clamp(0, 16) as u32;
+    let hi = (width as isize - col0).clamp(0, 16) as u32;
+    if lo >= hi {
+        0
+    } else {
+        (((1u32 << (hi - lo)) - 1) << lo) as u16
+    }
+}
+
+/// Writes the band's transformed input tiles: `v[ξ][c][t]` for tile `t = row * tw + column` of
+/// the band, `Bᵀ d B` of the 4×4 input tile `d` at input row `2 * tile_row - pad_top`, column
+/// `2 * column - pad_left` (zero outside the image), for `Bᵀ = [[1, 0, -1, 0], [0, 1, 1, 0],
+/// [0, -1, 1, 0], [0, 1, 0, -1]]`.
+///
+/// Each input row is loaded and transformed along the row (`d B`) once, for the two tile rows
+/// that read it; the transform down the columns (`Bᵀ (d B)`) then takes four of those rows.
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn input_transform(g: &Geometry, xs: &[f32], at: &Band, v: &mut [f32]) {
+    let [_, c_in, h, w] = g.x;
+    let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
+    let tile_rows = (at.r1 - at.r0).div_ceil(2);
+    assert!(v.len() >= 15 * at.vs + c_in * at.tp && xs.len() >= (at.n + 1) * c_in * h * w);
+    let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    let vp = v.as_mut_ptr();
+    // Per vector of 16 tiles: the first column it reads, and the masks of its four loads
+    // (columns col0.., col0 + 16.., col0 + 2.., col0 + 18..) and of its tiles.
+    let groups: Vec<(isize, [__mmask16; 4], __mmask16)> = (0..at.tw)
+        .step_by(16)
+        .map(|t0| {
+            let col0 = 2 * t0 as isize - pl;
+            let masks = [0, 16, 2, 18].map(|d| columns(col0 + d, w));
+            (
+                col0,
+                masks,
+                ((1u32 << (at.tw - t0).min(16)) - 1) as __mmask16,
+            )
+        })
+        .collect();
+    // The input rows the band reads, clipped to the image: their lines are prefetched a few
+    // channels ahead (each channel's rows are a short run, too short for the hardware
+    // prefetcher to reach before the loads stall on memory).
+    let top = at.r0 as isize - pt;
+    let first = top.clamp(0, h as isize) as usize;
+    let last = (top + 2 * tile_rows as isize + 2).clamp(0, h as isize) as usize;
+    for c in 0..c_in {
+        let plane = xs[g.x_offset(at.n, c, 0, 0)..].as_ptr();
+        if c + PREFETCH < c_in && first < last {
+            let ahead = xs[g.x_offset(at.n, c + PREFETCH, first, 0)..].as_ptr();
+            for line in (0..(last - first) * w).step_by(16) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+            }
+        }
+        for (tv, &(col0, masks, keep)) in groups.iter().enumerate() {
+            // Input row `row` transformed along the row: (d B) of its columns col0 + 2 lane..
+            let along = |row: isize| -> [__m512; 4] {
+                if !(0..h as isize).contains(&row) {
+                    return [_mm512_setzero_ps(); 4];
+                }
+                let base = plane.wrapping_offset(row * w as isize);
+                // SAFETY: the masks keep the lanes whose column lies in the row.
+                let load = |k: usize, d: isize| unsafe {
+                    _mm512_maskz_loadu_ps(masks[k], base.wrapping_offset(col0 + d))
+                };
+                let (a0, a1, b0, b1) = (load(0, 0), load(1, 16), load(2, 2), load(3, 18));
+                let d0 = _mm512_permutex2var_ps(a0, even, a1);
+                let d1 = _mm512_permutex2var_ps(a0, odd, a1);
+                let d2 = _mm512_permutex2var_ps(b0, even, b1);
+                let d3 = _mm512_permutex2var_ps(b0, odd, b1);
+                bt([d0, d1, d2, d3])
+            };
+            let (mut e0, mut e1) = (along(top), along(top + 1));
+            for tr in 0..tile_rows {
+                let row = top + 2 * tr as isize;
+                let (e2, e3) = (along(row + 2), along(row + 3));
+                for j in 0..4 {
+                    let column = bt([e0[j], e1[j], e2[j], e3[j]]);
+                    for (i, value) in column.iter().enumerate() {
+                        let xi = 4 * i + j;
+                        let to = vp.wrapping_add(xi * at.vs + c * at.tp + tr * at.tw + 16 * tv);
+                        // SAFETY: tile tr * tw + 16 tv + lane < tiles <= tp of plane (ξ, c),
+                        // for the lanes kept. (A whole vector's store is not masked: a masked
+                        // store holds back later loads whose addresses might overlap it.)
+                        unsafe {
+                            if keep == u16::MAX {
+                                _mm512_storeu_ps(to, *value)
+                            } else {
+                                _mm512_mask_storeu_ps(to, keep, *value)
+                            }
+                        };
+                    }
+                }
+                (e0, e1) = (e2, e3);
+            }
+        }
+    }
+}
+
+/// `Bᵀ x` for a column `x` of four vectors.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn bt(x: [__m512; 4]) -> [__m512; 4] {
+    // SAFETY: only called from functions compiled for AVX-512F.
+    unsafe {
+        [
+            _mm512_sub_ps(x[0], x[2]),
+            _mm512_add_ps(x[1], x[2]),
+            _mm512_sub_ps(x[2], x[1]),
+            _mm512_sub_ps(x[1], x[3]),
+        ]
+    }
+}
+
+/// Output channels `chans` of the band from their products `m[ξ][o][t]` (`o` from
+/// `chans.start`): `Aᵀ M A` for `Aᵀ = [[1, 1, 1, 0], [0, 1, -1, -1]]`,
+/// then the bias and `act`, interleaved into the output rows. Returns whether every result was
+/// finite (before the bias); the stores are then all made.
+///
+/// # Safety
+/// The CPU must have AVX-512F and DQ; rows `r0..r1` of channels `chans` of image `n` of the
+/// output at `y` must be writable and this thread's alone.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn output_transform(
+    g: &Geometry,
+    m: &[f32],
+    cb: usize,
+    at: &Band,
+    chans: std::ops::Range<usize>,
+    bias: Option<&[f32]>,
+    act: Option<InRegisters>,
+    y: *mut f32,
+) -> bool {
+    let [_, c_out, oh, ow] = g.y;
+    let tile_rows = (at.r1 - at.r0).div_ceil(2);
+    assert!(m.len() >= 15 * at.ms + cb * at.tp && chans.len() <= cb);
+    let lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    let hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    let inf = _mm512_set1_ps(f32::INFINITY);
+    let mp = m.as_ptr();
+    for (o, co) in chans.enumerate() {
+        let b = _mm512_set1_ps(bias.map_or(0.0, |b| b[co]));
+        let plane = y.wrapping_add((at.n * c_out + co) * oh * ow);
+        for tr in 0..tile_rows {
+            for t0 in (0..at.tw).step_by(16) {
+                let lanes = (at.tw - t0).min(16);
+                let keep = ((1u32 << lanes) - 1) as __mmask16;
+                // SAFETY: tile tr * tw + t0 + lane < tp of plane (ξ, o).
+                let mm: [__m512; 16] = std::array::from_fn(|xi| unsafe {
+                    _mm512_maskz_loadu_ps(keep, mp.add(xi * at.ms + o * at.tp + tr * at.tw + t0))
+                });
+                // Aᵀ M along each column, then along each row.
+                let s: [[__m512; 4]; 2] = std::array::from_fn(|a| {
+                    std::array::from_fn(|j| {
+                        let (m0, m1, m2, m3) = (mm[j], mm[4 + j], mm[8 + j], mm[12 + j]);
+                        if a == 0 {
+                            _mm512_add_ps(_mm512_add_ps(m0, m1), m2)
+                        } else {
+                            _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3)
+                        }
+                    })
+                });
+                for (a, s) in s.iter().enumerate() {
+                    // The second row of the last tile of an odd-height band is not output.
+                    let r = at.r0 + 2 * tr + a;
+                    if r >= at.r1 {
+                        continue;
+                    }
+                    let y0 = _mm512_add_ps(_mm512_add_ps(s[0], s[1]), s[2]);
+                    let y1 = _mm512_sub_ps(_mm512_sub_ps(s[1], s[2]), s[3]);
+                    let finite =
+                        _mm512_mask_cmp_ps_mask::<_CMP_LT_OQ>(keep, _mm512_abs_ps(y0), inf)
+                            & _mm512_mask_cmp_ps_mask::<_CMP_LT_OQ>(keep, _mm512_abs_ps(y1), inf);
+                    if finite != keep {
+                        return false;
+                    }
+                    let finish = |v: __m512| {
+                        let v = _mm512_add_ps(v, b);
+                        match act {
+                            // SAFETY: compiled for AVX-512F and DQ.
+                            Some(act) => unsafe { act.apply(v) },
+                            None => v,
+                        }
+                    };
+                    let (y0, y1) = (finish(y0), finish(y1));
+                    // Columns 2 * t0.. of row r: the two results of each tile side by side.
+                    let x0 = 2 * t0;
+                    let n = (ow - x0).min(32);
+                    let row = plane.wrapping_add(r * ow + x0);
+                    let first = ((1u32 << n.min(16)) - 1) as __mmask16;
+                    let second = ((1u32 << n.saturating_sub(16)) - 1) as __mmask16;
+                    // SAFETY: columns x0..x0 + n of row r < r1 of this channel.
+                    unsafe {
+                        _mm512_mask_storeu_ps(row, first, _mm512_permutex2var_ps(y0, lo, y1));
+                        _mm512_mask_storeu_ps(
+                            row.wrapping_add(16),
+                            second,
+                            _mm512_permutex2var_ps(y0, hi, y1),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    true
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn input_transform(_: &Geometry, _: &[f32], _: &Band, _: &mut [f32]) {
+    unreachable!("`applies` is false without AVX-512")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn output_transform(
+    _: &Geometry,
+    _: &[f32],
+    _: usize,
+    _: &Band,
+    _: std::ops::Range<usize>,
+    _: Option<&[f32]>,
+    _: Option<InRegisters>,
+    _: *mut f32,
+) -> bool {
+    unreachable!("`applies` is false without AVX-512")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dense::Activation;
+    use kfuse_ir::Conv2dAttrs;
+
+    /// A convolution of these sizes: `(n, c_in, c_out, h, w, [top, bottom, left, right])`.
+    type Case = (usize, usize, usize, usize, usize, [usize; 4]);
+
+    fn geometry(&(n, ci, co, h, w, pad): &Case) -> Geometry {
+        let attrs = Conv2dAttrs {
+            padding: pad,
+            ..Conv2dAttrs::default()
+        };
+        let (oh, ow) = (h + pad[0] + pad[1] - 2, w + pad[2] + pad[3] - 2);
+        Geometry::new(&[n, ci, h, w], &[co, ci, 3, 3], &attrs, &[n, co, oh, ow])
+    }
+
+    /// Input values: normal, with every `edge`th one (if any) taken from `specials` in turn.
+    fn input(len: usize, seed: u64, edge: usize, specials: &[f32]) -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                if edge > 0 && i % edge == edge / 2 {
+                    specials[i / edge % specials.len()]
+                } else {
+                    kfuse_math::normal_f32(seed, i as u64)
+                }
+            })
+            .collect()
+    }
+
+    /// Per output: the sum in f64 of the in-image products, and the sum of their magnitudes.
+    fn reference(g: &Geometry, xs: &[f32], ws: &[f32]) -> Vec<(f64, f64)> {
+        let ([n, co, oh, ow], [_, ci, h, w]) = (g.y, g.x);
+        let mut out = Vec::with_capacity(n * co * oh * ow);
+        for (b, o, r, c) in itertools(n, co, oh, ow) {
+            let (mut sum, mut size) = (0.0f64, 0.0f64);
+            for k in 0..ci {
+                for i in 0..3 {
+                    for j in 0..3 {
+                        let (Some(y), Some(x)) = (
+                            (r + i).checked_sub(g.pad[0]).filter(|&y| y < h),
+                            (c + j).checked_sub(g.pad[1]).filter(|&x| x < w),
+                        ) else {
+                            continue;
+                        };
+                        let p = ws[((o * ci + k) * 3 + i) * 3 + j] as f64
+                            * xs[((b * ci + k) * h + y) * w + x] as f64;
+                        sum += p;
+                        size += p.abs();
+                    }
+                }
+            }
+            out.push((sum, size));
+        }
+        out
+    }
+
+    fn itertools(
+        n: usize,
+        co: usize,
+        oh: usize,
+        ow: usize,
+    ) -> impl Iterator<Item = (usize, usize, usize, usize)> {
+        (0..n).flat_map(move |b| {
+            (0..co).flat_map(move |o| (0..oh).flat_map(move |r| (0..ow).map(move |c| (b, o, r, c))))
+        })
+    }
+
+    fn run(g: &Geometry, xs: &[f32], ws: &[f32], post: Post<f32>) -> Vec<f32> {
+        let mut y = vec![f32::NAN; g.y.iter().product()];
+        conv(g, xs, ws, &mut y, post);
+        y
+    }
+
+    fn direct_of(g: &Geometry, xs: &[f32], ws: &[f32], post: Post<f32>) -> Vec<f32> {
+        let mut y = vec![f32::NAN; g.y.iter().product()];
+        direct::conv(g, xs, ws, &mut y, post);
+        y
+    }
+
+    const CASES: [Case; 7] = [
+        (1, 16, 16, 2, 2, [1, 1, 1, 1]),
+        (2, 17, 33, 5, 7, [1, 1, 1, 1]),
+        (1, 16, 24, 9, 31, [1, 1, 1, 1]),
+        (1, 32, 16, 8, 8, [0, 0, 0, 0]),
+        (1, 16, 40, 6, 35, [0, 1, 1, 0]),
+        (3, 20, 16, 13, 4, [2, 0, 0, 2]),
+        (1, 24, 16, 4, 64, [1, 1, 1, 1]),
+    ];
+
+    /// Each output is the sum of its products within a few units of rounding of their
+    /// magnitudes, then the epilogue: odd sizes, one tile, outputs of odd height and width,
+    /// asymmetric and no padding, partial blocks of channels and tiles; every activation
+    /// path (in registers, after a residual). Edge values (signed zeros, subnormals) are
+    /// finite and stay on this path.
+    #[test]
+    fn each_output_is_its_sum_within_rounding() {
+        if !has_avx512() {
+            eprintln!("SKIPPED: the Winograd kernel needs AVX-512, which this CPU lacks");
+            return;
+        }
+        let specials = [0.0, -0.0, 1e-40, -3e-39, f32::MIN_POSITIVE, 1e-30];
+        for (case, edge) in CASES.iter().zip([0, 7, 0, 5, 3, 0, 11]) {
+            let g = geometry(case);
+            assert!(applies(&g), "{case:?} takes the Winograd kernel");
+            let (ci, co) = (g.x[1], g.y[1]);
+            let xs = input(g.x.iter().product(), 1, edge, &specials);
+            let ws = input(co * ci * 9, 2, 0, &[]);
+            let bias: Vec<f32> = (0..co).map(|o| o as f32 * 0.25 - 2.0).collect();
+            let residual = input(g.y.iter().product(), 3, 0, &[]);
+            let want = reference(&g, &xs, &ws);
+            let plans: [(Post<f32>, &str); 4] = [
+                (Post::none(), "bare"),
+                (
+                    Post {
+                        bias: Some(&bias),
+                        residual: None,
+                        act: Some(Activation::Relu),
+                    },
+                    "bias + relu",
+                ),
+                (
+                    Post {
+                        bias: Some(&bias),
+                        residual: None,
+                        act: Some(Activation::Clamp(kfuse_kernel::Bounds::new(-0.5, 1.5))),
+                    },
+                    "bias + clamp",
+                ),
+                (
+                    Post {
+                        bias: Some(&bias),
+                        residual: Some(&residual),
+                        act: Some(Activation::Tanh),
+                    },
+                    "bias + residual + tanh",
+                ),
+            ];
+            let [_, _, oh, ow] = g.y;
+            for (post, what) in plans {
+                let got = run(&g, &xs, &ws, post);
+                for (i, (&y, &(sum, size))) in got.iter().zip(&want).enumerate() {
+                    let co_of = i / (oh * ow) % co;
+                    let mut v = sum + post.bias.map_or(0.0, |b| b[co_of] as f64);
+                    v += post.residual.map_or(0.0, |r| r[i] as f64);
+                    let want = match post.act {
+                        Some(Activation::Relu) => v.max(0.0),
+                        Some(Activation::Clamp(b)) => v.clamp(b.lo(), b.hi()),
+                        Some(Activation::Tanh) => v.tanh(),
+                        _ => v,
+                    };
+                    let bound = 1e-6 * (size + 4.0) + 1e-30;
+                    assert!(
+                        (y as f64 - want).abs() <= bound,
+                        "{case:?} {what}: output {i} is {y}, want {want} (bound {bound})"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A NaN or infinity in the input, an input that overflows in the transforms, and
+    /// non-finite weights: the output is the direct kernel's, bit for bit (its non-finite
+    /// values are the reference's, where the transforms would turn an infinity into NaNs in its
+    /// tile's other outputs).
+    #[test]
+    fn non_finite_values_give_the_direct_kernels_output() {
+        if !has_avx512() {
+            eprintln!("SKIPPED: the Winograd kernel needs AVX-512, which this CPU lacks");
+            return;
+        }
+        let case: Case = (2, 16, 20, 9, 10, [1, 1, 1, 1]);
+        let g = geometry(&case);
+        let (ci, co) = (g.x[1], g.y[1]);
+        let len = g.x.iter().product();
+        let bias: Vec<f32> = (0..co).map(|o| o as f32 - 8.0).collect();
+        let post = Post {
+            bias: Some(&bias),
+            residual: None,
+            act: Some(Activation::Relu),
+        };
+        let ws = input(co * ci * 9, 5, 0, &[]);
+        let inputs = [
+            ("one infinity", input(len, 4, len, &[f32::INFINITY])),
+            (
+                "NaN and -inf",
+                input(len, 4, 97, &[f32::NAN, f32::NEG_INFINITY]),
+            ),
+            ("a value that overflows", input(len, 4, len, &[3e38])),
+        ];
+        for (what, xs) in &inputs {
+            let want = direct_of(&g, xs, &ws, post);
+            let got = run(&g, xs, &ws, post);
+            assert!(
+                want.iter().any(|v| !v.is_finite()),
+                "{what}: the case reaches a non-finite output"
+            );
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{what}: the output differs from the direct kernel's");
+        }
+        let xs = input(len, 6, 0, &[]);
+        let mut bad = ws.clone();
+        bad[9 * ci + 4] = f32::INFINITY;
+        let (got, want) = (run(&g, &xs, &bad, post), direct_of(&g, &xs, &bad, post));
+        assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+
+    /// `U = G g Gᵀ`: a filter that picks one tap transforms to that tap's outer product of
+    /// `G`'s columns, and its packing puts each value where the microkernel reads it.
+    #[test]
+    fn transformed_weights_are_g_g_gt_in_blocks() {
+        let (co, ci) = (9, 2);
+        let mut ws = vec![0.0f32; co * ci * 9];
+        // Output channel o, input channel 1 picks tap o.
+        for o in 0..co {
+            ws[(o * ci + 1) * 9 + o] = 1.0;
+        }
+        let u = transformed_weights(&ws, co, ci);
+        let blocks = co.div_ceil(OB);
+        let column = |t: usize| -> [f32; 4] {
+            std::array::from_fn(|i| spread(i, [0, 1, 2].map(|k| (k == t) as u8 as f32)))
+        };
+        for o in 0..co {
+            let (r, c) = (o / 3, o % 3);
+            for xi in 0..16 {
+                let at = |k: usize| u[((xi * blocks + o / OB) * ci + k) * OB + o % OB];
+                assert_eq!(at(0), 0.0);
+                assert_eq!(
+                    at(1),
+                    column(r)[xi / 4] * column(c)[xi % 4],
+                    "o {o}, ξ {xi}"
+                );
+            }
+        }
+        // Past the last output channel: zeros.
+        assert!((co..blocks * OB).all(|o| (0..16)
+            .all(|xi| (0..ci).all(|k| u[((xi * blocks + o / OB) * ci + k) * OB + o % OB] == 0.0))));
+    }
+}
