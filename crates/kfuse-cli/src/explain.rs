@@ -28,6 +28,44 @@ fn tile_shape(step: &Step) -> Option<[usize; 2]> {
     }
 }
 
+/// The routine a convolution step runs on in fast numerics (the default; strict numerics run
+/// the reference interpreter), in words: a bare convolution's library step, or a structured
+/// convolution with no depthwise half (a separable block has its own kernel).
+fn conv_routine(program: &Program, step: &Step) -> Option<String> {
+    use kfuse::kernel::{Anchor, StructuredCall};
+    let (attrs, x, w, y) = match step {
+        Step::Library {
+            op: kfuse::Op::Conv2d(attrs),
+            inputs,
+            outputs,
+            ..
+        } => (attrs, inputs[0], inputs[1], outputs[0]),
+        Step::Structured {
+            call:
+                StructuredCall {
+                    anchor:
+                        Anchor::Conv {
+                            depthwise: None,
+                            conv,
+                        },
+                    ..
+                },
+            inputs,
+            outputs,
+            ..
+        } => (conv, inputs[0], inputs[1], outputs[0]),
+        _ => return None,
+    };
+    let ty = |b| &program.buffer(b).ty;
+    Some(kfuse::cpu::conv::routine(
+        ty(x).shape.dims(),
+        ty(w).shape.dims(),
+        attrs,
+        ty(y).shape.dims(),
+        ty(x).dtype,
+    ))
+}
+
 /// The `code:` line of a fused kernel in the text report.
 fn code_line(passes: &[Result<usize, String>], tiles: Option<[usize; 2]>) -> Option<String> {
     if passes.is_empty() {
@@ -212,6 +250,7 @@ pub fn explain(
                 json!({
                     "name": format!("k{k}"),
                     "kind": kind,
+                    "routine": conv_routine(&program, step),
                     "passes": vector,
                     "tiles": tile_shape(step),
                     "domain": domain,
@@ -263,6 +302,9 @@ pub fn explain(
         };
         let code = code_line(&vector_passes(step), tile_shape(step))
             .map(|c| format!("\n  code: {c}"))
+            .or_else(|| {
+                conv_routine(&program, step).map(|r| format!("\n  routine (fast numerics): {r}"))
+            })
             .unwrap_or_default();
         writeln!(
             s,

@@ -381,6 +381,60 @@ fn explain_shows_a_mobilenet_v2_block_as_one_kernel() {
     );
 }
 
+/// `explain` names the routine each convolution runs on in fast numerics: Winograd for a 3×3
+/// stride-1 convolution of 16+ channels and wide rows, the direct kernel over phase planes for
+/// a strided 3×3 one, im2col for a strided 1×1 one (ResNet's down-sampling block, whose add
+/// joins the first convolution as its epilogue).
+#[test]
+fn explain_names_each_convolutions_routine() {
+    let dir = scratch("routines");
+    let program = dir.join("block.kf");
+    std::fs::write(
+        &program,
+        "%x = input() name=\"x\" : f32[8, 64, 56, 56]\n\
+         %w = input() name=\"w\" : f32[64, 64, 3, 3]\n\
+         %c = conv2d(%x, %w) layout=nchw stride=[1, 1] padding=[1, 1, 1, 1] dilation=[1, 1] groups=1\n\
+         %y = relu(%c)\n\
+         %w2 = input() name=\"w2\" : f32[128, 64, 3, 3]\n\
+         %d = conv2d(%y, %w2) layout=nchw stride=[2, 2] padding=[1, 1, 1, 1] dilation=[1, 1] groups=1\n\
+         %w3 = input() name=\"w3\" : f32[128, 64, 1, 1]\n\
+         %e = conv2d(%y, %w3) layout=nchw stride=[2, 2] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n\
+         %f = add(%d, %e)\n\
+         output \"f\" = %f\n",
+    )
+    .unwrap();
+    let o = kfuse(&[
+        "explain",
+        &program.display().to_string(),
+        "--cost-model",
+        "fixed",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let routines: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("routine (fast numerics): "))
+        .collect();
+    assert_eq!(routines.len(), 3, "{text}");
+    assert!(routines[0].starts_with("Winograd F(2×2, 3×3)"), "{text}");
+    assert!(
+        routines.iter().any(|r| r.contains("over 2×2 phase planes")),
+        "{text}"
+    );
+    assert!(routines.iter().any(|r| r.starts_with("im2col")), "{text}");
+    assert!(text.contains("with epilogue residual add %8"), "{text}");
+    let o = kfuse(&["explain", &program.display().to_string(), "--json"]);
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let named = doc["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["routine"].is_string())
+        .count();
+    assert_eq!(named, 3, "{doc}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn explain_shows_kernels_bytes_and_boundaries() {
     let o = kfuse(&["explain", &example("layernorm.kf")]);

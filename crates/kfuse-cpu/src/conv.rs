@@ -436,35 +436,97 @@ fn conv2d_typed<T: Real>(
     let g = Geometry::new(x.dims, w.dims, attrs, out_dims);
     let y = output::<T>(out, out_dims)?;
     let post = Post::<T>::new(epilogue, g.y[1], y.len())?;
-    if !y.is_empty() {
-        let is_depthwise = g.groups == g.x[1] && g.y[1] == g.x[1];
-        if is_depthwise {
-            depthwise(&g, xs, ws, y, post);
-        } else if let (true, Some((xs, ws, post)), Some(y)) = (
-            small_pointwise(&g),
-            f32_operands(xs, ws, post),
-            T::f32s_mut(y),
-        ) {
-            direct::pointwise(&g, xs, ws, y, post);
-        } else if let (true, Some((xs, ws, post)), Some(y)) = (
-            winograd::applies(&g),
-            f32_operands(xs, ws, post),
-            T::f32s_mut(y),
-        ) {
-            winograd::conv(&g, xs, ws, y, post);
-        } else if let (true, Some((xs, ws, post)), Some(y)) = (
-            direct::applies(&g),
-            f32_operands(xs, ws, post),
-            T::f32s_mut(y),
-        ) {
-            direct::conv(&g, xs, ws, y, post);
-        } else if shifted::applies(&g) {
-            shifted::conv(&g, xs, ws, y, post);
-        } else {
-            im2col_gemm(&g, xs, ws, y, post);
+    if y.is_empty() {
+        return Ok(());
+    }
+    match Route::of(&g, T::f32s(xs).is_some()) {
+        Route::Depthwise => depthwise(&g, xs, ws, y, post),
+        Route::Shifted => shifted::conv(&g, xs, ws, y, post),
+        Route::Im2col => im2col_gemm(&g, xs, ws, y, post),
+        f32_route => {
+            // The f32 routes are taken only for f32 operands.
+            let (Some((xs, ws, post)), Some(y)) = (f32_operands(xs, ws, post), T::f32s_mut(y))
+            else {
+                unreachable!("an f32 route for {}", std::any::type_name::<T>())
+            };
+            match f32_route {
+                Route::SmallPointwise => direct::pointwise(&g, xs, ws, y, post),
+                Route::Winograd => winograd::conv(&g, xs, ws, y, post),
+                _ => direct::conv(&g, xs, ws, y, post),
+            }
         }
     }
     Ok(())
+}
+
+/// The routine a convolution runs on, picked in this order.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Route {
+    Depthwise,
+    SmallPointwise,
+    Winograd,
+    Direct,
+    Shifted,
+    Im2col,
+}
+
+impl Route {
+    /// The route of `g`, whose operands are f32 (or f16/bf16, widened) where `f32`.
+    fn of(g: &Geometry, f32: bool) -> Route {
+        if g.groups == g.x[1] && g.y[1] == g.x[1] {
+            Route::Depthwise
+        } else if f32 && small_pointwise(g) {
+            Route::SmallPointwise
+        } else if f32 && winograd::applies(g) {
+            Route::Winograd
+        } else if f32 && direct::applies(g) {
+            Route::Direct
+        } else if shifted::applies(g) {
+            Route::Shifted
+        } else {
+            Route::Im2col
+        }
+    }
+
+    fn describe(self, g: &Geometry) -> String {
+        match self {
+            Route::Depthwise => "the direct depthwise kernel".into(),
+            Route::SmallPointwise => {
+                "the direct 8×48 microkernel as a 1×1 convolution, each small image in two phases over the threads".into()
+            }
+            Route::Winograd => {
+                "Winograd F(2×2, 3×3): input and output transforms around 16 GEMMs on the direct 8×48 microkernel (16 multiplications per 2×2 outputs where direct takes 36)".into()
+            }
+            Route::Direct if g.stride != [1, 1] => format!(
+                "the direct 8×48 microkernel over {}×{} phase planes of each band's input (every tap a fixed offset)",
+                g.stride[0], g.stride[1]
+            ),
+            Route::Direct if g.y[3] == g.x[3] => {
+                "the direct 8×48 microkernel, its taps reading the band's input rows through lane masks".into()
+            }
+            Route::Direct => {
+                "the direct 8×48 microkernel over a zero-bordered copy of each band's input".into()
+            }
+            Route::Shifted => {
+                "one GEMM per tap (the `gemm` crate) over a zero-bordered copy of each band's input".into()
+            }
+            Route::Im2col => "im2col columns per band of output rows, one GEMM per group (the `gemm` crate)".into(),
+        }
+    }
+}
+
+/// In words, the routine [`conv2d`] runs for these operands (`x` and `y` in `attrs.layout`,
+/// `w` as `[out, in / groups, kh, kw]`), for `kfuse explain`. f16 and bf16 name their f32
+/// routine.
+pub fn routine(x: &[usize], w: &[usize], attrs: &Conv2dAttrs, y: &[usize], dtype: DType) -> String {
+    let g = Geometry::new(x, w, attrs, y);
+    let f32 = matches!(dtype, DType::F32 | DType::F16 | DType::BF16);
+    let what = Route::of(&g, f32).describe(&g);
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        format!("{what}, on the operands widened to f32, each step rounded to {dtype}")
+    } else {
+        what
+    }
 }
 
 /// Whether `g` is a 1×1 convolution of small images, fewer than the threads (f32 NCHW on
@@ -1017,4 +1079,57 @@ fn separable_typed<T: Real>(
         },
     );
     Ok(())
+}
+
+/// What the kernels' tests compare against.
+#[cfg(test)]
+mod reference {
+    use super::Geometry;
+
+    /// Per output of the NCHW convolution `g`: the sum in f64 of its in-image products, and the
+    /// sum of their magnitudes (what a reordered f32 sum may be off by a few units of).
+    pub(super) fn sums(g: &Geometry, xs: &[f32], ws: &[f32]) -> Vec<(f64, f64)> {
+        let ([n, co, oh, ow], [_, ci, h, w]) = (g.y, g.x);
+        let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
+        let mut out = Vec::with_capacity(n * co * oh * ow);
+        for b in 0..n {
+            for o in 0..co {
+                let group = o / og;
+                for r in 0..oh {
+                    for c in 0..ow {
+                        let (mut sum, mut size) = (0.0f64, 0.0f64);
+                        for k in 0..cg {
+                            for i in 0..g.kh {
+                                for j in 0..g.kw {
+                                    let (Some(y), Some(x)) = (g.tap(0, r, i), g.tap(1, c, j))
+                                    else {
+                                        continue;
+                                    };
+                                    let p = ws[((o * cg + k) * g.kh + i) * g.kw + j] as f64
+                                        * xs[((b * ci + group * cg + k) * h + y) * w + x] as f64;
+                                    sum += p;
+                                    size += p.abs();
+                                }
+                            }
+                        }
+                        out.push((sum, size));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Normal values (`seed`), every `edge`th one (if any) taken from `specials` in turn.
+    pub(super) fn values(len: usize, seed: u64, edge: usize, specials: &[f32]) -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                if edge > 0 && i % edge == edge / 2 {
+                    specials[i / edge % specials.len()]
+                } else {
+                    kfuse_math::normal_f32(seed, i as u64)
+                }
+            })
+            .collect()
+    }
 }

@@ -818,7 +818,9 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
         let mut refused_add = None;
         for residual in [false, true] {
             if residual && graph.node(id).op == Op::MatMul {
-                if let Some((mul, factor)) = scale_after(graph, &users, id, value(last)) {
+                if let Some((mul, factor)) = scale_after(graph, &users, id, value(last))
+                    .filter(|(mul, _)| !taken.contains(mul))
+                {
                     group.scale_mul = Some(mul);
                     group.scale = Some(factor);
                     last = mul;
@@ -831,6 +833,11 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             let Some(other) = added_operand(graph, user, value(last)) else {
                 continue;
             };
+            // An add of two products (`conv(x) + conv(y)`) is the epilogue of the first one
+            // only: the second product is its residual, computed before it.
+            if taken.contains(&user) {
+                continue;
+            }
             let fits = if residual {
                 graph.ty(other) == graph.ty(value(last))
             } else {
@@ -860,11 +867,13 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             ));
         }
         match activation_user(graph, &users, value(last)) {
-            Ok(Some((user, inner))) => {
+            Ok(Some((user, inner)))
+                if !taken.contains(&user) && inner.iter().flatten().all(|n| !taken.contains(n)) =>
+            {
                 group.activation = Some(user);
                 group.activation_inner = inner;
             }
-            Ok(None) => {}
+            Ok(_) => {}
             Err(why) => {
                 // Worth a note only where an epilogue was there to absorb.
                 let epilogue_user = users.get(&value(last)).into_iter().flatten().any(|&u| {
@@ -881,7 +890,8 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             }
         }
         if graph.node(id).op == Op::MatMul {
-            group.cast = cast_after(graph, &users, (id, group.last()), notes);
+            group.cast =
+                cast_after(graph, &users, (id, group.last()), notes).filter(|c| !taken.contains(c));
         }
         if group.absorbs() {
             taken.extend(group.nodes());

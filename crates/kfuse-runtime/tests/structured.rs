@@ -724,6 +724,28 @@ fn structured_convolutions_match_the_reference() {
     }
 }
 
+/// Two products of one input added (ResNet's down-sampling block: a strided 3×3 and a
+/// strided 1×1 convolution; and two matmuls): the add is the first product's epilogue and the
+/// second product its residual. Both products are computed (the second one's kernel claimed
+/// the same add once, was never emitted, and lowering panicked on its missing buffer).
+#[test]
+fn two_products_added_are_both_computed() {
+    let text = "%x = input() name=\"x\" : f32[2, 8, 10, 10]\n\
+        %w1 = input() name=\"w1\" : f32[16, 8, 3, 3]\n\
+        %w2 = input() name=\"w2\" : f32[16, 8, 1, 1]\n\
+        %a = conv2d(%x, %w1) layout=nchw stride=[2, 2] padding=[1, 1, 1, 1] dilation=[1, 1] groups=1\n\
+        %b = conv2d(%x, %w2) layout=nchw stride=[2, 2] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n\
+        %s = add(%a, %b)\n%y = relu(%s)\n\
+        %m1 = input() name=\"m1\" : f32[4, 16]\n\
+        %m2 = input() name=\"m2\" : f32[16, 4]\n\
+        %m3 = input() name=\"m3\" : f32[16, 4]\n\
+        %p = matmul(%m1, %m2)\n%q = matmul(%m1, %m3)\n%r = add(%p, %q)\n\
+        output \"y\" = %y\noutput \"r\" = %r\n";
+    let graph = parse_graph(text).unwrap();
+    let inputs = random_inputs(&graph, 77);
+    check(&graph, &inputs, 80, "two products added");
+}
+
 /// Random MobileNet blocks, f32 NCHW: with or without the expansion, odd channel counts (runs
 /// of channels that end off a block of 8), images from 1×1 up, batch 1 to 5, stride 1 or 2,
 /// ReLU6, ReLU, sigmoid or SiLU, so that the one-task bands, the two-phase bands of small images

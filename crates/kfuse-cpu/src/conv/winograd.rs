@@ -503,56 +503,7 @@ mod tests {
         Geometry::new(&[n, ci, h, w], &[co, ci, 3, 3], &attrs, &[n, co, oh, ow])
     }
 
-    /// Input values: normal, with every `edge`th one (if any) taken from `specials` in turn.
-    fn input(len: usize, seed: u64, edge: usize, specials: &[f32]) -> Vec<f32> {
-        (0..len)
-            .map(|i| {
-                if edge > 0 && i % edge == edge / 2 {
-                    specials[i / edge % specials.len()]
-                } else {
-                    kfuse_math::normal_f32(seed, i as u64)
-                }
-            })
-            .collect()
-    }
-
-    /// Per output: the sum in f64 of the in-image products, and the sum of their magnitudes.
-    fn reference(g: &Geometry, xs: &[f32], ws: &[f32]) -> Vec<(f64, f64)> {
-        let ([n, co, oh, ow], [_, ci, h, w]) = (g.y, g.x);
-        let mut out = Vec::with_capacity(n * co * oh * ow);
-        for (b, o, r, c) in itertools(n, co, oh, ow) {
-            let (mut sum, mut size) = (0.0f64, 0.0f64);
-            for k in 0..ci {
-                for i in 0..3 {
-                    for j in 0..3 {
-                        let (Some(y), Some(x)) = (
-                            (r + i).checked_sub(g.pad[0]).filter(|&y| y < h),
-                            (c + j).checked_sub(g.pad[1]).filter(|&x| x < w),
-                        ) else {
-                            continue;
-                        };
-                        let p = ws[((o * ci + k) * 3 + i) * 3 + j] as f64
-                            * xs[((b * ci + k) * h + y) * w + x] as f64;
-                        sum += p;
-                        size += p.abs();
-                    }
-                }
-            }
-            out.push((sum, size));
-        }
-        out
-    }
-
-    fn itertools(
-        n: usize,
-        co: usize,
-        oh: usize,
-        ow: usize,
-    ) -> impl Iterator<Item = (usize, usize, usize, usize)> {
-        (0..n).flat_map(move |b| {
-            (0..co).flat_map(move |o| (0..oh).flat_map(move |r| (0..ow).map(move |c| (b, o, r, c))))
-        })
-    }
+    use super::super::reference::{sums as reference, values as input};
 
     fn run(g: &Geometry, xs: &[f32], ws: &[f32], post: Post<f32>) -> Vec<f32> {
         let mut y = vec![f32::NAN; g.y.iter().product()];

@@ -1,0 +1,74 @@
+//! `conv::conv2d` alone on ResNet- and MobileNet-style shapes (f32 NCHW, batch 8 unless noted,
+//! no epilogue), with the routine each runs on: the median of 20 runs, in ms and GFLOP/s.
+//!
+//! `cargo run --release -p kfuse-cpu --example conv_shapes`
+
+use kfuse_cpu::conv::{conv2d, routine, Epilogue, View};
+use kfuse_ir::{Conv2dAttrs, DType, Layout, Storage};
+use std::time::Instant;
+
+fn main() {
+    // (n, c_in, c_out, h = w, k, stride)
+    let shapes = [
+        (8, 64, 64, 56, 3, 1),
+        (8, 64, 128, 112, 3, 1),
+        (8, 64, 128, 56, 3, 2),
+        (8, 128, 256, 28, 3, 2),
+        (8, 256, 256, 14, 3, 2),
+        (8, 32, 32, 112, 3, 2),
+        (8, 16, 16, 56, 5, 2),
+        (8, 3, 64, 224, 7, 2),
+        (1, 64, 128, 56, 3, 2),
+        (8, 64, 128, 56, 1, 2),
+        (8, 64, 64, 14, 3, 1),
+    ];
+    for (n, c, co, hw, k, s) in shapes {
+        let p = k / 2;
+        let o = (hw + 2 * p - k) / s + 1;
+        let x = Storage::F32(
+            (0..n * c * hw * hw)
+                .map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5)
+                .collect(),
+        );
+        let w = Storage::F32(
+            (0..co * c * k * k)
+                .map(|i| ((i * 31) % 17) as f32 * 0.01 - 0.08)
+                .collect(),
+        );
+        let attrs = Conv2dAttrs {
+            layout: Layout::Nchw,
+            stride: [s, s],
+            padding: [p; 4],
+            dilation: [1, 1],
+            groups: 1,
+        };
+        let (xd, wd, yd) = ([n, c, hw, hw], [co, c, k, k], [n, co, o, o]);
+        let mut y = Storage::F32(vec![0.0; n * co * o * o]);
+        let mut times: Vec<f64> = (0..21)
+            .map(|_| {
+                let t = Instant::now();
+                let (x, w) = (
+                    View {
+                        storage: &x,
+                        dims: &xd,
+                    },
+                    View {
+                        storage: &w,
+                        dims: &wd,
+                    },
+                );
+                conv2d(x, w, &attrs, &yd, &mut y, &Epilogue::default()).unwrap();
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .skip(1)
+            .collect();
+        times.sort_by(f64::total_cmp);
+        let ms = times[10];
+        let flops = 2.0 * (n * co * o * o * c * k * k) as f64;
+        println!(
+            "{n}x{c}x{hw}x{hw} -> {co}, {k}x{k} stride {s}: {ms:.3} ms, {:.0} GFLOP/s ({})",
+            flops / ms / 1e6,
+            routine(&xd, &wd, &attrs, &yd, DType::F32)
+        );
+    }
+}
