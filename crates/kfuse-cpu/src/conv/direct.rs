@@ -164,7 +164,13 @@ fn conv_same_width(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
     let packed = pack_tap_major(ws, g.groups, og, cg, shifts.len());
     let per_group = packed.len() / g.groups;
     let out = Out(y.as_mut_ptr());
-    let job = |n: usize, band: std::ops::Range<usize>| {
+    let all_blocks = og.div_ceil(OB);
+    // Weights larger than this are read a block of output channels at a time, that block
+    // running over every block of positions of the band: position blocks outside would read
+    // every weight from L3 once per block of positions (8×512×7×7 → 512: 9.9 → see below).
+    let weights_first = per_group * std::mem::size_of::<f32>() > BIG_WEIGHTS;
+    // Output channel blocks `chans` of image `n`'s rows `band`.
+    let job = |n: usize, band: std::ops::Range<usize>, chans: std::ops::Range<usize>| {
         let (r0, rows) = (band.start, band.len());
         let valid = rows * ow;
         // The input rows the band reads, `ph` from `r0 - pad_top`, one plane per channel. Rows
@@ -219,14 +225,25 @@ fn conv_same_width(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                 let w = &packed[group * per_group..][..per_group];
                 let bias = in_registers.bias.map(|b| &b[group * og..][..og]);
                 let act = InRegisters::of(in_registers.act);
-                for qb in (0..valid).step_by(QB) {
-                    let taps = Taps {
-                        x: xb.as_ptr().wrapping_add(qb),
-                        plane,
-                        offsets: &offsets,
-                        masks: &masks[qb / QB * shifts.len()..][..shifts.len()],
-                    };
-                    for b in 0..og.div_ceil(OB) {
+                let position_blocks = (0..valid).step_by(QB);
+                let order: Vec<(usize, usize)> = if weights_first {
+                    chans
+                        .clone()
+                        .flat_map(|b| position_blocks.clone().map(move |qb| (qb, b)))
+                        .collect()
+                } else {
+                    position_blocks
+                        .flat_map(|qb| chans.clone().map(move |b| (qb, b)))
+                        .collect()
+                };
+                {
+                    for (qb, b) in order {
+                        let taps = Taps {
+                            x: xb.as_ptr().wrapping_add(qb),
+                            plane,
+                            offsets: &offsets,
+                            masks: &masks[qb / QB * shifts.len()..][..shifts.len()],
+                        };
                         let finish = Finish {
                             bias: bias.map(|bias| {
                                 std::array::from_fn(|o| {
@@ -248,12 +265,19 @@ fn conv_same_width(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                         // and column against the input's), so within `xs`; the stores go to rows
                         // r0.. of this group's output channels of image n, this task's alone.
                         unsafe {
-                            masked_block(&taps, &w[b * per_block..][..per_block], cg, part, &finish)
+                            let w = &w[b * per_block..][..per_block];
+                            // A last partial block computes only the vectors its positions
+                            // reach: a 7×7 image's 49 positions take 64, not 96.
+                            match (valid - qb).div_ceil(16) {
+                                1 => masked_block::<1>(&taps, w, cg, part, &finish),
+                                2 => masked_block::<2>(&taps, w, cg, part, &finish),
+                                _ => masked_block::<NV>(&taps, w, cg, part, &finish),
+                            }
                         };
                     }
                 }
                 if !rest.is_empty() {
-                    for co in 0..og {
+                    for co in chans.start * OB..(chans.end * OB).min(og) {
                         let channel = group * og + co;
                         let at = ((n * c_out + channel) * oh + r0) * ow;
                         // SAFETY: as above.
@@ -267,14 +291,38 @@ fn conv_same_width(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
     };
     // A band's copy of its input rows stays in L2 while each block of output channels reads it. Bands are trimmed to whole blocks of positions where a few rows
     // less get there (56-wide rows: 6 rows are 7 blocks).
+    let pool = crate::Pool::global();
+    if oh * ow <= SMALL_IMAGE && n_images < 4 * pool.threads() && all_blocks > 1 {
+        // Small images, too few for the threads: each task takes a whole image and a share of
+        // its output channels (1×512×7×7 → 512 in 7 bands of one row took 6.1 ms; each band
+        // read every weight for 7 positions).
+        let splits = (4 * pool.threads()).div_ceil(n_images).min(all_blocks);
+        let per = all_blocks.div_ceil(splits);
+        pool.run(n_images * splits, &|t| {
+            let (n, part) = (t / splits, t % splits);
+            let chans = part * per..((part + 1) * per).min(all_blocks);
+            if !chans.is_empty() {
+                job(n, 0..oh, chans);
+            }
+        });
+        return;
+    }
     for_each_band_fitted(
         n_images,
         oh,
         cg * in_w * std::mem::size_of::<f32>(),
         |rows| fit_rows(rows, ow),
-        &job,
+        &|n, band| job(n, band, 0..all_blocks),
     );
 }
+
+/// Bytes of a group's packed weights above which [`conv_same_width`] runs each block of output
+/// channels over all of a band's positions (see there).
+const BIG_WEIGHTS: usize = 512 << 10;
+
+/// The most output pixels of an image that [`conv_same_width`] treats as small: whole images,
+/// output channels split between tasks.
+const SMALL_IMAGE: usize = 16 * 16;
 
 /// The largest band of at most `rows` rows (and more than half of them) whose `rows * ow`
 /// positions waste the least of a last partial block of [`QB`] positions.
@@ -311,17 +359,38 @@ fn pack_tap_major_afresh(ws: &[f32], groups: usize, og: usize, cg: usize, taps: 
     let blocks = og.div_ceil(OB);
     let k = cg * taps;
     let mut packed = vec![0.0f32; groups * blocks * k * OB];
-    for group in 0..groups {
-        for o in 0..og {
-            let (b, lane) = (o / OB, o % OB);
+    // Block `gb` (group gb / blocks): its output channels' weights, tap-major.
+    let pack_block = |gb: usize, out: &mut [f32]| {
+        let (group, b) = (gb / blocks, gb % blocks);
+        for lane in 0..(og - b * OB).min(OB) {
+            let o = b * OB + lane;
             for c in 0..cg {
-                for t in 0..taps {
-                    packed[((group * blocks + b) * k + t * cg + c) * OB + lane] =
-                        ws[((group * og + o) * cg + c) * taps + t];
+                let row = &ws[((group * og + o) * cg + c) * taps..][..taps];
+                for (t, &v) in row.iter().enumerate() {
+                    out[(t * cg + c) * OB + lane] = v;
                 }
             }
         }
+    };
+    // Shared between the threads when large, as `pack_afresh` does: 512 → 512 channels' 3×3
+    // weights took 1.2 ms on one thread while the other waited.
+    let pool = crate::Pool::global();
+    if packed.len() < PACK_ALONE || pool.threads() == 1 {
+        for (gb, out) in packed.chunks_exact_mut(k * OB).enumerate() {
+            pack_block(gb, out);
+        }
+        return packed;
     }
+    let per_task = (groups * blocks).div_ceil(pool.threads());
+    let shared = Out(packed.as_mut_ptr());
+    pool.run(pool.threads(), &|t| {
+        for gb in t * per_task..((t + 1) * per_task).min(groups * blocks) {
+            // SAFETY: block gb's `k * OB` elements are this task's alone.
+            let out =
+                unsafe { std::slice::from_raw_parts_mut(shared.ptr().add(gb * k * OB), k * OB) };
+            pack_block(gb, out);
+        }
+    });
     packed
 }
 
@@ -582,9 +651,15 @@ unsafe fn store_as<const WHOLE: bool, const V: usize>(
 /// `taps * cg * OB` elements.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq")]
-unsafe fn masked_block(taps: &Taps, w: &[f32], cg: usize, dst: Dst, finish: &Finish) {
+unsafe fn masked_block<const V: usize>(
+    taps: &Taps,
+    w: &[f32],
+    cg: usize,
+    dst: Dst,
+    finish: &Finish,
+) {
     assert!(w.len() >= taps.offsets.len() * cg * OB && taps.masks.len() == taps.offsets.len());
-    let mut acc = [[_mm512_setzero_ps(); NV]; OB];
+    let mut acc = [[_mm512_setzero_ps(); V]; OB];
     let wp = w.as_ptr();
     for (t, (&off, masks)) in taps.offsets.iter().zip(taps.masks).enumerate() {
         let base = taps.x.wrapping_offset(off);
@@ -593,7 +668,7 @@ unsafe fn masked_block(taps: &Taps, w: &[f32], cg: usize, dst: Dst, finish: &Fin
             // SAFETY: the caller vouches for the lanes the masks let through; `w` holds
             // `taps * cg * OB` weights (asserted).
             unsafe {
-                let xv: [__m512; NV] = std::array::from_fn(|v| {
+                let xv: [__m512; V] = std::array::from_fn(|v| {
                     _mm512_maskz_loadu_ps(masks[v], at.wrapping_add(16 * v))
                 });
                 let wt = wp.add((t * cg + c) * OB);
@@ -611,7 +686,7 @@ unsafe fn masked_block(taps: &Taps, w: &[f32], cg: usize, dst: Dst, finish: &Fin
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn masked_block(_: &Taps, _: &[f32], _: usize, _: Dst, _: &Finish) {
+unsafe fn masked_block<const V: usize>(_: &Taps, _: &[f32], _: usize, _: Dst, _: &Finish) {
     unreachable!("`applies` is false without AVX-512")
 }
 
@@ -1090,26 +1165,11 @@ mod tests {
     /// in the input.
     #[test]
     fn strided_convolutions_match_their_sums() {
-        use super::super::reference::{sums, values};
         if !has_avx512() {
             eprintln!("SKIPPED: the direct kernel needs AVX-512, which this CPU lacks");
             return;
         }
-        // (n, c_in, c_out, h, w, kh, kw, stride, dilation, groups, [top, bottom, left, right])
-        #[allow(clippy::type_complexity)]
-        let cases: [(
-            usize,
-            usize,
-            usize,
-            usize,
-            usize,
-            usize,
-            usize,
-            [usize; 2],
-            [usize; 2],
-            usize,
-            [usize; 4],
-        ); 9] = [
+        check_against_sums(&[
             (2, 8, 16, 13, 15, 3, 3, [2, 2], [1, 1], 1, [1, 1, 1, 1]),
             (1, 3, 12, 23, 21, 7, 7, [2, 2], [1, 1], 1, [3, 3, 3, 3]),
             (1, 5, 9, 10, 11, 3, 3, [3, 3], [1, 1], 1, [1, 0, 2, 1]),
@@ -1119,7 +1179,49 @@ mod tests {
             (2, 8, 12, 12, 12, 3, 3, [2, 2], [1, 1], 2, [1, 1, 1, 1]),
             (1, 4, 6, 8, 8, 2, 2, [2, 2], [1, 1], 1, [0, 0, 0, 0]),
             (1, 7, 9, 3, 3, 3, 3, [2, 2], [1, 1], 1, [0, 0, 0, 0]),
-        ];
+        ]);
+    }
+
+    /// Same-width convolutions of small images, whose tasks each take a whole image and a
+    /// share of its output channels (batch 1 to 3; the residual's part of the epilogue runs
+    /// over each task's channels only), and weights large enough to be read a block of output
+    /// channels at a time (128 → 136 channels, 3×3: 627 KB), with last position blocks of one
+    /// and two vectors.
+    #[test]
+    fn small_images_and_large_weights_match_their_sums() {
+        if !has_avx512() {
+            eprintln!("SKIPPED: the direct kernel needs AVX-512, which this CPU lacks");
+            return;
+        }
+        check_against_sums(&[
+            (1, 16, 40, 7, 7, 3, 3, [1, 1], [1, 1], 1, [1, 1, 1, 1]),
+            (3, 8, 24, 5, 9, 3, 3, [1, 1], [1, 1], 1, [1, 1, 1, 1]),
+            (2, 12, 20, 1, 1, 3, 3, [1, 1], [1, 1], 2, [1, 1, 1, 1]),
+            (1, 128, 136, 6, 6, 3, 3, [1, 1], [1, 1], 1, [1, 1, 1, 1]),
+            (2, 128, 136, 20, 20, 3, 3, [1, 1], [1, 1], 1, [1, 1, 1, 1]),
+            (1, 8, 16, 15, 15, 5, 5, [1, 1], [2, 2], 1, [4, 4, 4, 4]),
+        ]);
+    }
+
+    /// (n, c_in, c_out, h, w, kh, kw, stride, dilation, groups, [top, bottom, left, right])
+    type Case = (
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        [usize; 2],
+        [usize; 2],
+        usize,
+        [usize; 4],
+    );
+
+    /// Runs [`conv`] on each case (normal inputs with subnormals and signed zeros, three
+    /// epilogues) and checks each output within rounding of its sum of products.
+    fn check_against_sums(cases: &[Case]) {
+        use super::super::reference::{sums, values};
         let specials = [0.0, -0.0, 1e-40, -3e-39];
         for (case, &(n, ci, co, h, w, kh, kw, stride, dilation, groups, pad)) in
             cases.iter().enumerate()
