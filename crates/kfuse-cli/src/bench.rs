@@ -447,6 +447,7 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
                 || o.starts_with("inverted")
                 || o == "mbconv"
                 || o == "mbv3"
+                || o.starts_with("resnet")
         })
     {
         report["convolutions"] = conv_workloads(&cache, runs, quick, as_json, only)?;
@@ -960,6 +961,66 @@ fn conv_workloads(
             if quick { 240 } else { 960 },
             7,
             "relu6",
+        )?);
+    }
+    // ResNet-18's basic blocks, batchnorm folded into the weights and biases: the
+    // down-sampling one (3×3 stride 2 and 3×3 on the main path, a 1×1 stride-2 shortcut), and
+    // the last stage's at batch 1 (512 channels at 7×7, latency inference).
+    let resnet = |id: &str,
+                  n: usize,
+                  c: usize,
+                  hw: usize,
+                  down: bool|
+     -> Result<serde_json::Value> {
+        let (co, s) = if down { (2 * c, 2) } else { (c, 1) };
+        let strided = |x: &str, w: &str, out: &str, k: usize| {
+            let p = k / 2;
+            format!("%{out} = conv2d(%{x}, %{w}) layout=nchw stride=[{s}, {s}] padding=[{p}, {p}, {p}, {p}] dilation=[1, 1] groups=1\n")
+        };
+        let mut block = input("x", &[n, c, hw, hw])
+            + &input("w1", &[co, c, 3, 3])
+            + &input("k1", &[co, 1, 1])
+            + &input("w2", &[co, co, 3, 3])
+            + &input("k2", &[co, 1, 1])
+            + &strided("x", "w1", "c1", 3)
+            + "%b1 = add(%c1, %k1)\n%r1 = relu(%b1)\n"
+            + &conv("r1", "w2", "c2", 1, 1)
+            + "%b2 = add(%c2, %k2)\n";
+        let mut frozen = vec![
+            ("w1".to_string(), randn(&[co, c, 3, 3], 0.05)?),
+            ("k1".to_string(), randn(&[co, 1, 1], 0.1)?),
+            ("w2".to_string(), randn(&[co, co, 3, 3], 0.05)?),
+            ("k2".to_string(), randn(&[co, 1, 1], 0.1)?),
+        ];
+        let skip = if down {
+            block += &(input("ws", &[co, c, 1, 1])
+                + &input("ks", &[co, 1, 1])
+                + &strided("x", "ws", "s1", 1)
+                + "%s2 = add(%s1, %ks)\n");
+            frozen.push(("ws".to_string(), randn(&[co, c, 1, 1], 0.1)?));
+            frozen.push(("ks".to_string(), randn(&[co, 1, 1], 0.1)?));
+            "%s2"
+        } else {
+            "%x"
+        };
+        block += &format!("%a = add(%b2, {skip})\n%y = relu(%a)\noutput \"y\" = %y\n");
+        let what = if down {
+            format!("ResNet basic block, down-sampling, {n}x{c}x{hw}x{hw} -> {co}")
+        } else {
+            format!("ResNet basic block, {n}x{c}x{hw}x{hw}")
+        };
+        fused_against_unfused(id, &what, &block, &frozen, (cache, runs, as_json))
+    };
+    if wanted("resnet") {
+        rows.push(resnet("resnet", n, 64, if quick { 28 } else { 56 }, true)?);
+    }
+    if wanted("resnet7") {
+        rows.push(resnet(
+            "resnet7",
+            1,
+            if quick { 128 } else { 512 },
+            7,
+            false,
         )?);
     }
     if wanted("W7") {

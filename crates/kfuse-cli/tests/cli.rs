@@ -706,6 +706,8 @@ fn bench_quick_reports_every_workload() {
         "inverted7",
         "mbconv",
         "mbv3",
+        "resnet",
+        "resnet7",
     ] {
         assert!(
             report["convolutions"]

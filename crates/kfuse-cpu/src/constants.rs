@@ -72,6 +72,19 @@ impl Drop for Registration {
     }
 }
 
+/// `check()`, a property of `weights`, kept for the next call where `weights` lie in a
+/// registered constant, else checked afresh. `property` names it; properties are kept beside
+/// the packings, under kinds of their own.
+pub fn holds(weights: &[f32], property: usize, check: impl FnOnce() -> bool) -> bool {
+    let kept = packed(weights, [PROPERTY + property, 0, 0, 0, 0], || {
+        vec![if check() { 1.0 } else { 0.0 }]
+    });
+    kept[0] == 1.0
+}
+
+/// Where the kinds of [`holds`]'s properties start (packings' kinds are small).
+const PROPERTY: usize = 1 << 20;
+
 /// `make()`, a packing of `weights` of the given kind and parameters, kept for the next call
 /// where `weights` lie in a registered constant, else made afresh.
 pub(crate) fn packed(
