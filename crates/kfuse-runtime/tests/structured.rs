@@ -1754,3 +1754,93 @@ fn random_structured_matmuls_match_the_reference() {
         check_one_step(&text, 5000 + k, kk + 2, &format!("random matmul {k}"));
     }
 }
+
+/// Random graphs of products and their neighbours, the structured groups' search space: chains
+/// of matmuls (some through a transposed weight) or of 3×3 and 1×1 convolutions, with bias
+/// adds, adds of any two values (two products, a product and an input, a value and itself),
+/// activations, values read by several nodes, and graph outputs in the middle of chains. Each
+/// compiles, runs, and matches the reference (fast within the summation bound, strict bit for
+/// bit). An add of two products once had both claim it, and lowering panicked.
+#[test]
+fn random_graphs_of_products_match_the_reference() {
+    let mut rng = Rng::new(2026_11_22);
+    for case in 0..80 {
+        let convs = case % 2 == 1;
+        let (n, k) = (1 + rng.below(3), 1 + rng.below(12));
+        let (h, w) = (1 + rng.below(7), 1 + rng.below(9));
+        let shape = if convs {
+            format!("[{n}, {k}, {h}, {w}]")
+        } else {
+            format!("[{}, {k}]", n * h)
+        };
+        let mut text = format!("%x = input() name=\"x\" : f32{shape}\n");
+        let mut values = vec!["%x".to_string()];
+        let mut products = 0;
+        let steps = 3 + rng.below(7);
+        for s in 0..steps {
+            let a = values[rng.below(values.len())].clone();
+            let out = format!("%v{s}");
+            match rng.below(6) {
+                0 | 1 if convs => {
+                    let kk = [1, 3][rng.below(2)];
+                    let p = kk / 2;
+                    text += &format!(
+                        "%w{s} = input() name=\"w{s}\" : f32[{k}, {k}, {kk}, {kk}]\n\
+                         {out} = conv2d({a}, %w{s}) layout=nchw stride=[1, 1] padding=[{p}, {p}, {p}, {p}] dilation=[1, 1] groups=1\n"
+                    );
+                    products += 1;
+                }
+                0 => {
+                    text += &format!(
+                        "%w{s} = input() name=\"w{s}\" : f32[{k}, {k}]\n{out} = matmul({a}, %w{s})\n"
+                    );
+                    products += 1;
+                }
+                1 => {
+                    text += &format!(
+                        "%w{s} = input() name=\"w{s}\" : f32[{k}, {k}]\n\
+                         %t{s} = permute(%w{s}) perm=[1, 0]\n{out} = matmul({a}, %t{s})\n"
+                    );
+                    products += 1;
+                }
+                2 => {
+                    let bias = if convs {
+                        format!("[{k}, 1, 1]")
+                    } else {
+                        format!("[{k}]")
+                    };
+                    text += &format!(
+                        "%b{s} = input() name=\"b{s}\" : f32{bias}\n{out} = add({a}, %b{s})\n"
+                    );
+                }
+                3 | 4 => {
+                    let b = &values[rng.below(values.len())];
+                    text += &format!("{out} = add({a}, {b})\n");
+                }
+                _ => {
+                    let act = ["relu", "tanh", "sigmoid"][rng.below(3)];
+                    text += &format!("{out} = {act}({a})\n");
+                }
+            }
+            values.push(out);
+        }
+        let last = values.last().unwrap().clone();
+        text += &format!("output \"y\" = {last}\n");
+        for (i, v) in values.iter().enumerate().skip(1) {
+            if *v != last && rng.below(4) == 0 {
+                text += &format!("output \"o{i}\" = {v}\n");
+            }
+        }
+        let graph = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let inputs = random_inputs(&graph, 5000 + case);
+        // Each product sums at most 9 k terms, and the error of a chain's earlier products is
+        // carried by the later ones' magnitudes.
+        let terms = 9 * k * (products + 1);
+        check(
+            &graph,
+            &inputs,
+            terms,
+            &format!("random graph {case}:\n{text}"),
+        );
+    }
+}
