@@ -1756,7 +1756,8 @@ fn random_structured_matmuls_match_the_reference() {
 }
 
 /// Random graphs of products and their neighbours, the structured groups' search space: chains
-/// of matmuls (some through a transposed weight) or of 3×3 and 1×1 convolutions, with bias
+/// of matmuls (some through a transposed weight) or of 3×3, 1×1 and depthwise convolutions
+/// (separable blocks and inverted residuals where the uses allow), with bias
 /// adds, adds of any two values (two products, a product and an input, a value and itself),
 /// activations, values read by several nodes, and graph outputs in the middle of chains. Each
 /// compiles, runs, and matches the reference (fast within the summation bound, strict bit for
@@ -1764,8 +1765,9 @@ fn random_structured_matmuls_match_the_reference() {
 #[test]
 fn random_graphs_of_products_match_the_reference() {
     let mut rng = Rng::new(2026_11_22);
-    for case in 0..80 {
-        let convs = case % 2 == 1;
+    let (mut structured, mut separable) = (0, 0);
+    for case in 0..120 {
+        let convs = case % 3 != 0;
         let (n, k) = (1 + rng.below(3), 1 + rng.below(12));
         let (h, w) = (1 + rng.below(7), 1 + rng.below(9));
         let shape = if convs {
@@ -1778,9 +1780,25 @@ fn random_graphs_of_products_match_the_reference() {
         let mut products = 0;
         let steps = 3 + rng.below(7);
         for s in 0..steps {
-            let a = values[rng.below(values.len())].clone();
+            // Half the time the latest value: chains, where the groups form.
+            let a = if rng.below(2) == 0 {
+                values.last().unwrap().clone()
+            } else {
+                values[rng.below(values.len())].clone()
+            };
             let out = format!("%v{s}");
-            match rng.below(6) {
+            match rng.below(7) {
+                6 if convs => {
+                    // Depthwise: with a 1×1 convolution after it, a separable block (and with
+                    // one before, an inverted residual), if the values' other users allow.
+                    let kk = [3, 5][rng.below(2)];
+                    let p = kk / 2;
+                    text += &format!(
+                        "%w{s} = input() name=\"w{s}\" : f32[{k}, 1, {kk}, {kk}]\n\
+                         {out} = conv2d({a}, %w{s}) layout=nchw stride=[1, 1] padding=[{p}, {p}, {p}, {p}] dilation=[1, 1] groups={k}\n"
+                    );
+                    products += 1;
+                }
                 0 | 1 if convs => {
                     let kk = [1, 3][rng.below(2)];
                     let p = kk / 2;
@@ -1833,14 +1851,29 @@ fn random_graphs_of_products_match_the_reference() {
         }
         let graph = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         let inputs = random_inputs(&graph, 5000 + case);
-        // Each product sums at most 9 k terms, and the error of a chain's earlier products is
+        // Each product sums at most 25 k terms, and the error of a chain's earlier products is
         // carried by the later ones' magnitudes.
-        let terms = 9 * k * (products + 1);
+        let terms = 25 * k * (products + 1);
         check(
             &graph,
             &inputs,
             terms,
             &format!("random graph {case}:\n{text}"),
         );
+        for step in &build(&graph, Numerics::Fast).program.steps {
+            if let kfuse_kernel::Step::Structured { call, .. } = step {
+                match &call.anchor {
+                    kfuse_kernel::Anchor::Conv {
+                        depthwise: Some(d), ..
+                    } => separable += 1 + usize::from(d.expand.is_some()),
+                    _ => structured += 1,
+                }
+            }
+        }
     }
+    // The draws reach the groups they are meant to exercise.
+    assert!(
+        structured >= 40 && separable >= 5,
+        "{structured} structured steps, {separable} separable"
+    );
 }
