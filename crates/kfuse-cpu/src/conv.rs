@@ -1120,6 +1120,38 @@ mod reference {
         out
     }
 
+    /// Checks each output `got[i]` of an NCHW convolution (`channels` of `plane` pixels) within
+    /// `1e-6` of its products' magnitudes of `want[i]`'s sum, after `post` (its bias, residual,
+    /// and ReLU, a clamp or tanh) in f64.
+    pub(super) fn assert_within(
+        got: &[f32],
+        want: &[(f64, f64)],
+        post: &super::Post<f32>,
+        (channels, plane): (usize, usize),
+        what: &str,
+    ) {
+        use crate::dense::Activation;
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (&y, &(sum, size))) in got.iter().zip(want).enumerate() {
+            let channel = i / plane % channels;
+            let v = sum
+                + post.bias.map_or(0.0, |b| b[channel] as f64)
+                + post.residual.map_or(0.0, |r| r[i] as f64);
+            let v = match post.act {
+                Some(Activation::Relu) => v.max(0.0),
+                Some(Activation::Clamp(b)) => v.clamp(b.lo(), b.hi()),
+                Some(Activation::Tanh) => v.tanh(),
+                None => v,
+                Some(other) => panic!("{what}: no reference for {other:?}"),
+            };
+            let bound = 1e-6 * (size + 4.0) + 1e-30;
+            assert!(
+                (y as f64 - v).abs() <= bound,
+                "{what}: output {i} is {y}, want {v} (bound {bound})"
+            );
+        }
+    }
+
     /// Normal values (`seed`), every `edge`th one (if any) taken from `specials` in turn.
     pub(super) fn values(len: usize, seed: u64, edge: usize, specials: &[f32]) -> Vec<f32> {
         (0..len)

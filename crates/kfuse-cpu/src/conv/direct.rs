@@ -1272,22 +1272,13 @@ mod tests {
             for post in posts {
                 let mut y = vec![f32::NAN; n * co * oh * ow];
                 conv(&g, &xs, &ws, &mut y, post);
-                for (i, (&got, &(sum, size))) in y.iter().zip(&want).enumerate() {
-                    let o = i / (oh * ow) % co;
-                    let v = sum
-                        + post.bias.map_or(0.0, |b| b[o] as f64)
-                        + post.residual.map_or(0.0, |r| r[i] as f64);
-                    let v = match post.act {
-                        Some(Activation::Relu) => v.max(0.0),
-                        Some(Activation::Tanh) => v.tanh(),
-                        _ => v,
-                    };
-                    let bound = 1e-6 * (size + 4.0) + 1e-30;
-                    assert!(
-                        (got as f64 - v).abs() <= bound,
-                        "case {case}: output {i} is {got}, want {v}"
-                    );
-                }
+                super::super::reference::assert_within(
+                    &y,
+                    &want,
+                    &post,
+                    (co, oh * ow),
+                    &format!("case {case}"),
+                );
             }
         }
     }

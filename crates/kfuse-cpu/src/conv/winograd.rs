@@ -578,22 +578,13 @@ mod tests {
             let [_, _, oh, ow] = g.y;
             for (post, what) in plans {
                 let got = run(&g, &xs, &ws, post);
-                for (i, (&y, &(sum, size))) in got.iter().zip(&want).enumerate() {
-                    let co_of = i / (oh * ow) % co;
-                    let mut v = sum + post.bias.map_or(0.0, |b| b[co_of] as f64);
-                    v += post.residual.map_or(0.0, |r| r[i] as f64);
-                    let want = match post.act {
-                        Some(Activation::Relu) => v.max(0.0),
-                        Some(Activation::Clamp(b)) => v.clamp(b.lo(), b.hi()),
-                        Some(Activation::Tanh) => v.tanh(),
-                        _ => v,
-                    };
-                    let bound = 1e-6 * (size + 4.0) + 1e-30;
-                    assert!(
-                        (y as f64 - want).abs() <= bound,
-                        "{case:?} {what}: output {i} is {y}, want {want} (bound {bound})"
-                    );
-                }
+                super::super::reference::assert_within(
+                    &got,
+                    &want,
+                    &post,
+                    (co, oh * ow),
+                    &format!("{case:?} {what}"),
+                );
             }
         }
     }
