@@ -236,45 +236,41 @@ fn conv_same_width(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                         .flat_map(|qb| chans.clone().map(move |b| (qb, b)))
                         .collect()
                 };
-                {
-                    for (qb, b) in order {
-                        let taps = Taps {
-                            x: xb.as_ptr().wrapping_add(qb),
-                            plane,
-                            offsets: &offsets,
-                            masks: &masks[qb / QB * shifts.len()..][..shifts.len()],
-                        };
-                        let finish = Finish {
-                            bias: bias.map(|bias| {
-                                std::array::from_fn(|o| {
-                                    bias.get(b * OB + o).copied().unwrap_or(0.0)
-                                })
-                            }),
-                            act,
-                            stream: false,
-                        };
-                        let part = Dst {
-                            ptr: dst.ptr.wrapping_add(b * OB * dst.stride + qb),
-                            stride: dst.stride,
-                            channels: (og - b * OB).min(OB),
-                            valid: valid - qb,
-                        };
-                        let per_block = cg * offsets.len() * OB;
-                        // SAFETY: `applies` checked AVX-512. Every lane a mask lets through reads
-                        // a pixel of this image's channels of the group (the masks test the row
-                        // and column against the input's), so within `xs`; the stores go to rows
-                        // r0.. of this group's output channels of image n, this task's alone.
-                        unsafe {
-                            let w = &w[b * per_block..][..per_block];
-                            // A last partial block computes only the vectors its positions
-                            // reach: a 7×7 image's 49 positions take 64, not 96.
-                            match (valid - qb).div_ceil(16) {
-                                1 => masked_block::<1>(&taps, w, cg, part, &finish),
-                                2 => masked_block::<2>(&taps, w, cg, part, &finish),
-                                _ => masked_block::<NV>(&taps, w, cg, part, &finish),
-                            }
-                        };
-                    }
+                for (qb, b) in order {
+                    let taps = Taps {
+                        x: xb.as_ptr().wrapping_add(qb),
+                        plane,
+                        offsets: &offsets,
+                        masks: &masks[qb / QB * shifts.len()..][..shifts.len()],
+                    };
+                    let finish = Finish {
+                        bias: bias.map(|bias| {
+                            std::array::from_fn(|o| bias.get(b * OB + o).copied().unwrap_or(0.0))
+                        }),
+                        act,
+                        stream: false,
+                    };
+                    let part = Dst {
+                        ptr: dst.ptr.wrapping_add(b * OB * dst.stride + qb),
+                        stride: dst.stride,
+                        channels: (og - b * OB).min(OB),
+                        valid: valid - qb,
+                    };
+                    let per_block = cg * offsets.len() * OB;
+                    // SAFETY: `applies` checked AVX-512. Every lane a mask lets through reads
+                    // a pixel of this image's channels of the group (the masks test the row
+                    // and column against the input's), so within `xs`; the stores go to rows
+                    // r0.. of this group's output channels of image n, this task's alone.
+                    unsafe {
+                        let w = &w[b * per_block..][..per_block];
+                        // A last partial block computes only the vectors its positions
+                        // reach: a 7×7 image's 49 positions take 64, not 96.
+                        match (valid - qb).div_ceil(16) {
+                            1 => masked_block::<1>(&taps, w, cg, part, &finish),
+                            2 => masked_block::<2>(&taps, w, cg, part, &finish),
+                            _ => masked_block::<NV>(&taps, w, cg, part, &finish),
+                        }
+                    };
                 }
                 if !rest.is_empty() {
                     for co in chans.start * OB..(chans.end * OB).min(og) {
