@@ -1,5 +1,7 @@
-//! Direct stride-1 convolutions for f32 on AVX-512: an implicit-GEMM microkernel that reads
-//! its input from a copy of the band's input rows, with no packing and no im2col.
+//! Direct convolutions for f32 NCHW on AVX-512: an implicit-GEMM microkernel that reads its
+//! input from a copy of the band's input rows, with no packing and no im2col. A strided
+//! convolution runs on the copy split into phase planes (see `shifted::Grid`), where each tap
+//! is again a fixed offset.
 //!
 //! The microkernel keeps an 8 output channel × 48 position block of sums in 24 vector
 //! registers. For each input channel and tap it loads the three 16-wide input vectors once,

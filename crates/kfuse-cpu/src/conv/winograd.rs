@@ -17,7 +17,7 @@
 //!    the output rows. The rest of an epilogue (a residual, other activations) runs over the
 //!    band's rows afterwards, as in the direct convolution.
 //!
-//! The band's `V` (half a megabyte at most) stays in L2 while blocks of 32 output channels read
+//! The band's `V` (640 KiB at most) stays in L2 while blocks of 32 output channels read
 //! it, and each block's `M` is consumed by the output transform right after its products.
 //!
 //! **Numerics.** The sums are in another order than the direct convolution's, with the
