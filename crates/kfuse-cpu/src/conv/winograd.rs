@@ -10,8 +10,10 @@
 //!    columns are the even and odd lanes of two loads.
 //! 2. **Products.** For each `ξ`, `M[ξ] = U[ξ] · V[ξ]` over the input channels, where `U[ξ]`
 //!    are the transformed weights `G g Gᵀ` (made once per call, or kept with the weights when
-//!    they are a registered constant). These are 16 GEMMs of `c_out × c_in` by `c_in × tiles`,
-//!    run on the direct convolution's microkernel (8 output channels × 48 tiles in registers).
+//!    they are a registered constant). These are 16 GEMMs of `c_out × c_in` by `c_in × tiles`
+//!    (per group, for a grouped convolution, whose groups run one after the other on each
+//!    band), run on the direct convolution's microkernel (8 output channels × 48 tiles in
+//!    registers).
 //! 3. **Output transform.** Each output tile is `Aᵀ M A` (sums and differences again), then the
 //!    bias and ReLU or a clamp in registers, interleaved back into pixel columns and stored to
 //!    the output rows. The rest of an epilogue (a residual, other activations) runs over the
@@ -66,18 +68,16 @@ const PREFETCH: usize = 2;
 /// | 128 → 128 | 1.26–1.36 / 1.36 | 4.21 / 3.03–3.05 | |
 const MIN_WIDTH: usize = 24;
 
-/// Whether `g` runs here: f32 NCHW 3×3, stride 1, no dilation, one group, at least
-/// [`MIN_CHANNELS`] channels in and out, outputs at least [`MIN_WIDTH`] wide and 2 high, on
-/// AVX-512.
+/// Whether `g` runs here: f32 NCHW 3×3, stride 1, no dilation, at least [`MIN_CHANNELS`]
+/// channels in and out per group, outputs at least [`MIN_WIDTH`] wide and 2 high, on AVX-512.
 pub(super) fn applies(g: &Geometry) -> bool {
     g.layout == Layout::Nchw
         && g.kh == 3
         && g.kw == 3
         && g.stride == [1, 1]
         && g.dilation == [1, 1]
-        && g.groups == 1
-        && g.x[1] >= MIN_CHANNELS
-        && g.y[1] >= MIN_CHANNELS
+        && g.in_channels_per_group() >= MIN_CHANNELS
+        && g.out_channels_per_group() >= MIN_CHANNELS
         && g.y[2] >= 2
         && g.y[3] >= MIN_WIDTH
         && has_avx512()
@@ -86,15 +86,18 @@ pub(super) fn applies(g: &Geometry) -> bool {
 /// The convolution of `g` into `y`, with the epilogue. Call only where [`applies`] holds.
 pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
     let [n_images, c_out, oh, ow] = g.y;
-    let c_in = g.x[1];
-    let u = transformed_weights(ws, c_out, c_in);
+    // Per group: `c_in` channels in, `og` out.
+    let (c_in, og) = (g.in_channels_per_group(), g.out_channels_per_group());
+    let u = transformed_weights(ws, g.groups, og, c_in);
     if !u.iter().all(|v| v.is_finite()) {
         return direct::conv(g, xs, ws, y, post);
     }
     let (in_registers, rest) = direct::split(post);
     let act = InRegisters::of(in_registers.act);
     let tw = ow.div_ceil(2);
-    let blocks = c_out.div_ceil(OB);
+    // Blocks of output channels per group, and in all (each group's padded to whole blocks).
+    let per_group = og.div_ceil(OB);
+    let blocks = g.groups * per_group;
     let spoiled = AtomicBool::new(false);
     let out = Out(y.as_mut_ptr());
     let job = |n: usize, band: std::ops::Range<usize>| {
@@ -105,7 +108,7 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
         let tile_rows = (r1 - r0).div_ceil(2);
         let tiles = tile_rows * tw;
         let tp = tiles.div_ceil(16) * 16;
-        let cb = c_out.min(CB);
+        let cb = og.min(CB);
         // The 16 planes of `V` and of `M` are a line more than their rows apart: at a
         // multiple of 4 KiB they would all fall in one set of L1, which holds 12 lines.
         let (vs, ms) = (c_in * tp + 16, cb * tp + 16);
@@ -120,60 +123,66 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                 vs,
                 ms,
             };
-            // SAFETY: `applies` checked AVX-512; the band's reads stay inside image n (masked
-            // by the input's rows and columns), its writes inside `v`.
-            unsafe { input_transform(g, xs, &at, v) };
-            for c0 in (0..c_out).step_by(cb) {
-                let cc = cb.min(c_out - c0);
-                let (b0, b1) = (c0 / OB, (c0 + cc).div_ceil(OB));
-                for xi in 0..16 {
-                    let dst = Dst {
-                        ptr: m[xi * ms..].as_mut_ptr(),
-                        stride: tp,
-                        channels: cc,
-                        valid: tiles,
-                    };
-                    let w = &u[(xi * blocks + b0) * c_in * OB..][..(b1 - b0) * c_in * OB];
-                    // SAFETY: `dst` addresses `cc` rows of `tp` of this task's `m`.
-                    unsafe {
-                        direct::compute(
-                            &v[xi * vs..][..c_in * tp],
-                            tp,
-                            &[0],
-                            w,
-                            dst,
-                            None,
-                            None,
-                            false,
+            for group in 0..g.groups {
+                // SAFETY: `applies` checked AVX-512; the band's reads stay inside image n (masked
+                // by the input's rows and columns), its writes inside `v`.
+                unsafe { input_transform(g, xs, &at, group * c_in, v) };
+                for c0 in (0..og).step_by(cb) {
+                    let cc = cb.min(og - c0);
+                    let (b0, b1) = (
+                        group * per_group + c0 / OB,
+                        group * per_group + (c0 + cc).div_ceil(OB),
+                    );
+                    let c0 = group * og + c0;
+                    for xi in 0..16 {
+                        let dst = Dst {
+                            ptr: m[xi * ms..].as_mut_ptr(),
+                            stride: tp,
+                            channels: cc,
+                            valid: tiles,
+                        };
+                        let w = &u[(xi * blocks + b0) * c_in * OB..][..(b1 - b0) * c_in * OB];
+                        // SAFETY: `dst` addresses `cc` rows of `tp` of this task's `m`.
+                        unsafe {
+                            direct::compute(
+                                &v[xi * vs..][..c_in * tp],
+                                tp,
+                                &[0],
+                                w,
+                                dst,
+                                None,
+                                None,
+                                false,
+                            )
+                        };
+                    }
+                    // SAFETY: as above; the stores go to rows r0..r1 of channels c0..c0 + cc of
+                    // image n, this task's alone.
+                    let finite = unsafe {
+                        output_transform(
+                            g,
+                            m,
+                            cb,
+                            &at,
+                            c0..c0 + cc,
+                            in_registers.bias,
+                            act,
+                            out.ptr(),
                         )
                     };
-                }
-                // SAFETY: as above; the stores go to rows r0..r1 of channels c0..c0 + cc of
-                // image n, this task's alone.
-                let finite = unsafe {
-                    output_transform(
-                        g,
-                        m,
-                        cb,
-                        &at,
-                        c0..c0 + cc,
-                        in_registers.bias,
-                        act,
-                        out.ptr(),
-                    )
-                };
-                if !finite {
-                    spoiled.store(true, Ordering::Relaxed);
-                    return;
-                }
-                if !rest.is_empty() {
-                    for co in c0..c0 + cc {
-                        let at = ((n * c_out + co) * oh + r0) * ow;
-                        let len = (r1 - r0) * ow;
-                        // SAFETY: rows r0..r1 of channel co of image n are this task's.
-                        let rows =
-                            unsafe { std::slice::from_raw_parts_mut(out.ptr().add(at), len) };
-                        epilogue(rows, rest.channel(co, at, len));
+                    if !finite {
+                        spoiled.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    if !rest.is_empty() {
+                        for co in c0..c0 + cc {
+                            let at = ((n * c_out + co) * oh + r0) * ow;
+                            let len = (r1 - r0) * ow;
+                            // SAFETY: rows r0..r1 of channel co of image n are this task's.
+                            let rows =
+                                unsafe { std::slice::from_raw_parts_mut(out.ptr().add(at), len) };
+                            epilogue(rows, rest.channel(co, at, len));
+                        }
                     }
                 }
             }
@@ -215,26 +224,30 @@ struct Band {
     ms: usize,
 }
 
-/// The transformed weights `U[ξ] = (G g Gᵀ)[ξ]` of the `c_out × c_in × 3 × 3` weights `ws`,
-/// packed per `ξ` as the microkernel reads them: `[ξ][block of OB outputs][c_in][OB]`, zeros past
-/// the last output channel; kept with the weights where they are a registered constant.
-fn transformed_weights(ws: &[f32], c_out: usize, c_in: usize) -> Arc<Vec<f32>> {
-    constants::packed(ws, [2, c_out, c_in, 0, 0], || {
-        let blocks = c_out.div_ceil(OB);
-        let mut u = vec![0.0f32; 16 * blocks * c_in * OB];
+/// The transformed weights `U[ξ] = (G g Gᵀ)[ξ]` of the `groups·og × cg × 3 × 3` weights
+/// `ws`, packed per `ξ` as the microkernel reads them: `[ξ][block of OB outputs][cg][OB]`, each
+/// group's `og` outputs in whole blocks (zeros past its last output channel); kept with the
+/// weights where they are a registered constant.
+fn transformed_weights(ws: &[f32], groups: usize, og: usize, cg: usize) -> Arc<Vec<f32>> {
+    constants::packed(ws, [2, groups, og, cg, 0], || {
+        let per_group = og.div_ceil(OB);
+        let blocks = groups * per_group;
+        let mut u = vec![0.0f32; 16 * blocks * cg * OB];
         let shared = Out(u.as_mut_ptr());
-        // Block `b` of output channels: its `c_in * OB` values in each of the 16 planes.
+        // Block `b` of output channels: its `cg * OB` values in each of the 16 planes.
         let block = |b: usize| {
-            for co in b * OB..((b + 1) * OB).min(c_out) {
-                for ci in 0..c_in {
-                    let g = &ws[(co * c_in + ci) * 9..][..9];
+            let (group, first) = (b / per_group, b % per_group * OB);
+            for o in first..(first + OB).min(og) {
+                let co = group * og + o;
+                for ci in 0..cg {
+                    let g = &ws[(co * cg + ci) * 9..][..9];
                     // G g: each filter column's 3 values to 4.
                     let gg: [[f32; 3]; 4] = std::array::from_fn(|i| {
                         std::array::from_fn(|j| spread(i, [g[j], g[3 + j], g[6 + j]]))
                     });
                     for (i, row) in gg.iter().enumerate() {
                         for j in 0..4 {
-                            let at = (((4 * i + j) * blocks + b) * c_in + ci) * OB + co % OB;
+                            let at = (((4 * i + j) * blocks + b) * cg + ci) * OB + o % OB;
                             // SAFETY: block b's values are this task's alone, within `u`.
                             unsafe { *shared.ptr().add(at) = spread(j, *row) };
                         }
@@ -277,8 +290,9 @@ fn columns(col0: isize, width: usize) -> u16 {
     }
 }
 
-/// Writes the band's transformed input tiles: `v[ξ][c][t]` for tile `t = row * tw + column` of
-/// the band, `Bᵀ d B` of the 4×4 input tile `d` at input row `2 * tile_row - pad_top`, column
+/// Writes the band's transformed input tiles of one group's input channels (from
+/// `first_channel`): `v[ξ][c][t]` for tile `t = row * tw + column` of the band, `Bᵀ d B` of
+/// the 4×4 input tile `d` of channel `first_channel + c` at input row `2 * tile_row - pad_top`, column
 /// `2 * column - pad_left` (zero outside the image), for `Bᵀ = [[1, 0, -1, 0], [0, 1, 1, 0],
 /// [0, -1, 1, 0], [0, 1, 0, -1]]`.
 ///
@@ -289,11 +303,19 @@ fn columns(col0: isize, width: usize) -> u16 {
 /// The CPU must have AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn input_transform(g: &Geometry, xs: &[f32], at: &Band, v: &mut [f32]) {
-    let [_, c_in, h, w] = g.x;
+unsafe fn input_transform(
+    g: &Geometry,
+    xs: &[f32],
+    at: &Band,
+    first_channel: usize,
+    v: &mut [f32],
+) {
+    let [_, _, h, w] = g.x;
+    let c_in = g.in_channels_per_group();
     let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
     let tile_rows = (at.r1 - at.r0).div_ceil(2);
-    assert!(v.len() >= 15 * at.vs + c_in * at.tp && xs.len() >= (at.n + 1) * c_in * h * w);
+    assert!(v.len() >= 15 * at.vs + c_in * at.tp && xs.len() >= (at.n + 1) * g.x[1] * h * w);
+    assert!(first_channel + c_in <= g.x[1]);
     let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
     let vp = v.as_mut_ptr();
@@ -318,9 +340,9 @@ unsafe fn input_transform(g: &Geometry, xs: &[f32], at: &Band, v: &mut [f32]) {
     let first = top.clamp(0, h as isize) as usize;
     let last = (top + 2 * tile_rows as isize + 2).clamp(0, h as isize) as usize;
     for c in 0..c_in {
-        let plane = xs[g.x_offset(at.n, c, 0, 0)..].as_ptr();
+        let plane = xs[g.x_offset(at.n, first_channel + c, 0, 0)..].as_ptr();
         if c + PREFETCH < c_in && first < last {
-            let ahead = xs[g.x_offset(at.n, c + PREFETCH, first, 0)..].as_ptr();
+            let ahead = xs[g.x_offset(at.n, first_channel + c + PREFETCH, first, 0)..].as_ptr();
             for line in (0..(last - first) * w).step_by(16) {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
             }
@@ -481,7 +503,7 @@ unsafe fn output_transform(
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn input_transform(_: &Geometry, _: &[f32], _: &Band, _: &mut [f32]) {
+unsafe fn input_transform(_: &Geometry, _: &[f32], _: &Band, _: usize, _: &mut [f32]) {
     unreachable!("`applies` is false without AVX-512")
 }
 
@@ -604,6 +626,66 @@ mod tests {
         }
     }
 
+    /// Grouped convolutions of 16 and more channels per group: each group's input transform,
+    /// products and output channels apart, groups of odd output channel counts (blocks of
+    /// output channels padded per group), with every epilogue path.
+    #[test]
+    fn grouped_convolutions_match_their_sums() {
+        if !has_avx512() {
+            eprintln!("SKIPPED: the Winograd kernel needs AVX-512, which this CPU lacks");
+            return;
+        }
+        for (case, &((n, ci, co, h, w, pad), groups)) in [
+            ((1, 32, 48, 5, 26, [1, 1, 1, 1]), 2),
+            ((2, 48, 51, 7, 30, [1, 0, 2, 1]), 3),
+            ((1, 64, 68, 4, 24, [1, 1, 1, 1]), 4),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let attrs = Conv2dAttrs {
+                padding: pad,
+                groups,
+                ..Conv2dAttrs::default()
+            };
+            let (oh, ow) = (h + pad[0] + pad[1] - 2, w + pad[2] + pad[3] - 2);
+            let g = Geometry::new(
+                &[n, ci, h, w],
+                &[co, ci / groups, 3, 3],
+                &attrs,
+                &[n, co, oh, ow],
+            );
+            assert!(applies(&g), "case {case} takes the Winograd kernel");
+            let xs = input(n * ci * h * w, 40 + case as u64, 0, &[]);
+            let ws = input(co * ci / groups * 9, 50 + case as u64, 0, &[]);
+            let bias: Vec<f32> = (0..co).map(|o| o as f32 * 0.1 - 2.0).collect();
+            let residual = input(n * co * oh * ow, 60 + case as u64, 0, &[]);
+            let want = reference(&g, &xs, &ws);
+            for post in [
+                Post::none(),
+                Post {
+                    bias: Some(&bias),
+                    residual: None,
+                    act: Some(Activation::Relu),
+                },
+                Post {
+                    bias: Some(&bias),
+                    residual: Some(&residual),
+                    act: Some(Activation::Tanh),
+                },
+            ] {
+                let got = run(&g, &xs, &ws, post);
+                super::super::reference::assert_within(
+                    &got,
+                    &want,
+                    &post,
+                    (co, oh * ow),
+                    &format!("grouped case {case}"),
+                );
+            }
+        }
+    }
+
     /// A NaN or infinity in the input, an input that overflows in the transforms, and
     /// non-finite weights: the output is the direct kernel's, bit for bit (its non-finite
     /// values are the reference's, where the transforms would turn an infinity into NaNs in its
@@ -666,7 +748,7 @@ mod tests {
         for o in 0..co {
             ws[(o * ci + 1) * 9 + o] = 1.0;
         }
-        let u = transformed_weights(&ws, co, ci);
+        let u = transformed_weights(&ws, 1, co, ci);
         let blocks = co.div_ceil(OB);
         let column = |t: usize| -> [f32; 4] {
             std::array::from_fn(|i| spread(i, [0, 1, 2].map(|k| (k == t) as u8 as f32)))
