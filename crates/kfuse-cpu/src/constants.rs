@@ -82,6 +82,11 @@ pub fn holds(weights: &[f32], property: usize, check: impl FnOnce() -> bool) -> 
     kept[0] == 1.0
 }
 
+/// [`holds`]'s property: every weight is finite (the runner's check of padded convolutions).
+pub const FINITE: usize = 0;
+/// [`holds`]'s property: every Winograd-transformed weight is finite.
+pub const FINITE_TRANSFORMED: usize = 1;
+
 /// Where the kinds of [`holds`]'s properties start (packings' kinds are small).
 const PROPERTY: usize = 1 << 20;
 

@@ -549,12 +549,12 @@ impl<'a> Runner<'a> {
 /// where they are a constant: for ResNet's last stage at batch 1 (512 → 512 channels at 7×7)
 /// the 9.4 MB of weights outweigh the convolution's other reads 90 to 1.
 fn padded_weights_not_finite(attrs: &kfuse_ir::Conv2dAttrs, weights: &Storage) -> bool {
-    /// The property "every weight is finite" in [`kfuse_cpu::constants::holds`].
-    const FINITE: usize = 0;
     attrs.padding.iter().any(|&p| p > 0)
         && match weights {
             Storage::F32(w) => {
-                !kfuse_cpu::constants::holds(w, FINITE, || all_finite(w, |v| v.is_finite()))
+                !kfuse_cpu::constants::holds(w, kfuse_cpu::constants::FINITE, || {
+                    all_finite(w, |v| v.is_finite())
+                })
             }
             Storage::F64(w) => !all_finite(w, |v| v.is_finite()),
             Storage::F16(w) => !all_finite(w, |v| v.is_finite()),

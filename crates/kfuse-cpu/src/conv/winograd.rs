@@ -89,7 +89,11 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
     // Per group: `c_in` channels in, `og` out.
     let (c_in, og) = (g.in_channels_per_group(), g.out_channels_per_group());
     let u = transformed_weights(ws, g.groups, og, c_in);
-    if !u.iter().all(|v| v.is_finite()) {
+    // Checked once for constant weights, as their transform is kept (16 MB for 512 → 512
+    // channels would be read at every call).
+    if !constants::holds(ws, constants::FINITE_TRANSFORMED, || {
+        u.iter().all(|v| v.is_finite())
+    }) {
         return direct::conv(g, xs, ws, y, post);
     }
     let (in_registers, rest) = direct::split(post);
@@ -531,13 +535,64 @@ mod tests {
     /// A convolution of these sizes: `(n, c_in, c_out, h, w, [top, bottom, left, right])`.
     type Case = (usize, usize, usize, usize, usize, [usize; 4]);
 
-    fn geometry(&(n, ci, co, h, w, pad): &Case) -> Geometry {
+    fn geometry(case: &Case) -> Geometry {
+        grouped(case, 1)
+    }
+
+    /// The convolution of `case` in `groups` groups.
+    fn grouped(&(n, ci, co, h, w, pad): &Case, groups: usize) -> Geometry {
         let attrs = Conv2dAttrs {
             padding: pad,
+            groups,
             ..Conv2dAttrs::default()
         };
         let (oh, ow) = (h + pad[0] + pad[1] - 2, w + pad[2] + pad[3] - 2);
-        Geometry::new(&[n, ci, h, w], &[co, ci, 3, 3], &attrs, &[n, co, oh, ow])
+        Geometry::new(
+            &[n, ci, h, w],
+            &[co, ci / groups, 3, 3],
+            &attrs,
+            &[n, co, oh, ow],
+        )
+    }
+
+    /// Runs `g` on `xs` and `ws` bare and with each epilogue path (bias + ReLU and bias + clamp
+    /// in registers, bias + residual + tanh after the stores), checking every output against
+    /// its sum of products (`residual_seed` draws the residual).
+    fn check_epilogues(g: &Geometry, xs: &[f32], ws: &[f32], residual_seed: u64, what: &str) {
+        let [_, co, oh, ow] = g.y;
+        let bias: Vec<f32> = (0..co).map(|o| o as f32 * 0.25 - 2.0).collect();
+        let residual = input(g.y.iter().product(), residual_seed, 0, &[]);
+        let want = reference(g, xs, ws);
+        let with = |act, residual| Post {
+            bias: Some(&bias[..]),
+            residual,
+            act: Some(act),
+        };
+        let plans = [
+            (Post::none(), "bare"),
+            (with(Activation::Relu, None), "bias + relu"),
+            (
+                with(
+                    Activation::Clamp(kfuse_kernel::Bounds::new(-0.5, 1.5)),
+                    None,
+                ),
+                "bias + clamp",
+            ),
+            (
+                with(Activation::Tanh, Some(&residual[..])),
+                "bias + residual + tanh",
+            ),
+        ];
+        for (post, plan) in plans {
+            let got = run(g, xs, ws, post);
+            super::super::reference::assert_within(
+                &got,
+                &want,
+                &post,
+                (co, oh * ow),
+                &format!("{what} {plan}"),
+            );
+        }
     }
 
     use super::super::reference::{sums as reference, values as input};
@@ -582,47 +637,7 @@ mod tests {
             let (ci, co) = (g.x[1], g.y[1]);
             let xs = input(g.x.iter().product(), 1, edge, &specials);
             let ws = input(co * ci * 9, 2, 0, &[]);
-            let bias: Vec<f32> = (0..co).map(|o| o as f32 * 0.25 - 2.0).collect();
-            let residual = input(g.y.iter().product(), 3, 0, &[]);
-            let want = reference(&g, &xs, &ws);
-            let plans: [(Post<f32>, &str); 4] = [
-                (Post::none(), "bare"),
-                (
-                    Post {
-                        bias: Some(&bias),
-                        residual: None,
-                        act: Some(Activation::Relu),
-                    },
-                    "bias + relu",
-                ),
-                (
-                    Post {
-                        bias: Some(&bias),
-                        residual: None,
-                        act: Some(Activation::Clamp(kfuse_kernel::Bounds::new(-0.5, 1.5))),
-                    },
-                    "bias + clamp",
-                ),
-                (
-                    Post {
-                        bias: Some(&bias),
-                        residual: Some(&residual),
-                        act: Some(Activation::Tanh),
-                    },
-                    "bias + residual + tanh",
-                ),
-            ];
-            let [_, _, oh, ow] = g.y;
-            for (post, what) in plans {
-                let got = run(&g, &xs, &ws, post);
-                super::super::reference::assert_within(
-                    &got,
-                    &want,
-                    &post,
-                    (co, oh * ow),
-                    &format!("{case:?} {what}"),
-                );
-            }
+            check_epilogues(&g, &xs, &ws, 3, &format!("{case:?}"));
         }
     }
 
@@ -635,54 +650,18 @@ mod tests {
             eprintln!("SKIPPED: the Winograd kernel needs AVX-512, which this CPU lacks");
             return;
         }
-        for (case, &((n, ci, co, h, w, pad), groups)) in [
+        let cases: [(Case, usize); 3] = [
             ((1, 32, 48, 5, 26, [1, 1, 1, 1]), 2),
             ((2, 48, 51, 7, 30, [1, 0, 2, 1]), 3),
             ((1, 64, 68, 4, 24, [1, 1, 1, 1]), 4),
-        ]
-        .iter()
-        .enumerate()
-        {
-            let attrs = Conv2dAttrs {
-                padding: pad,
-                groups,
-                ..Conv2dAttrs::default()
-            };
-            let (oh, ow) = (h + pad[0] + pad[1] - 2, w + pad[2] + pad[3] - 2);
-            let g = Geometry::new(
-                &[n, ci, h, w],
-                &[co, ci / groups, 3, 3],
-                &attrs,
-                &[n, co, oh, ow],
-            );
+        ];
+        for (case, (sizes, groups)) in cases.iter().enumerate() {
+            let g = grouped(sizes, *groups);
             assert!(applies(&g), "case {case} takes the Winograd kernel");
-            let xs = input(n * ci * h * w, 40 + case as u64, 0, &[]);
-            let ws = input(co * ci / groups * 9, 50 + case as u64, 0, &[]);
-            let bias: Vec<f32> = (0..co).map(|o| o as f32 * 0.1 - 2.0).collect();
-            let residual = input(n * co * oh * ow, 60 + case as u64, 0, &[]);
-            let want = reference(&g, &xs, &ws);
-            for post in [
-                Post::none(),
-                Post {
-                    bias: Some(&bias),
-                    residual: None,
-                    act: Some(Activation::Relu),
-                },
-                Post {
-                    bias: Some(&bias),
-                    residual: Some(&residual),
-                    act: Some(Activation::Tanh),
-                },
-            ] {
-                let got = run(&g, &xs, &ws, post);
-                super::super::reference::assert_within(
-                    &got,
-                    &want,
-                    &post,
-                    (co, oh * ow),
-                    &format!("grouped case {case}"),
-                );
-            }
+            let seed = 40 + 3 * case as u64;
+            let xs = input(g.x.iter().product(), seed, 0, &[]);
+            let ws = input(g.y[1] * g.in_channels_per_group() * 9, seed + 1, 0, &[]);
+            check_epilogues(&g, &xs, &ws, seed + 2, &format!("grouped case {case}"));
         }
     }
 
