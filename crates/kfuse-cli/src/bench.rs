@@ -792,6 +792,71 @@ fn fused_against_unfused(
     Ok(json!({"id": id, "ms": fused, "unfused_ms": unfused, "speedup": unfused / fused}))
 }
 
+/// ResNet-18 for inference on `n` images of `hw`×`hw` (batchnorms folded into the
+/// convolutions' weights and biases, as an inference export leaves them), ending in 1000
+/// logits: the program and its weights, drawn by `randn` with He scaling.
+fn resnet18(
+    n: usize,
+    hw: usize,
+    randn: &dyn Fn(&[usize], f32) -> Result<Array>,
+) -> Result<(String, Vec<(String, Array)>)> {
+    let mut text = format!("%x = input() name=\"x\" : f32[{n}, 3, {hw}, {hw}]\n");
+    let mut frozen = Vec::new();
+    let mut count = 0;
+    // A convolution with its folded bias: returns the result's name.
+    let mut conv = |text: &mut String,
+                    x: &str,
+                    c: usize,
+                    co: usize,
+                    k: usize,
+                    s: usize|
+     -> Result<String> {
+        count += 1;
+        let (w, b, y) = (
+            format!("w{count}"),
+            format!("b{count}"),
+            format!("c{count}"),
+        );
+        let p = k / 2;
+        text.push_str(&format!(
+            "%{w} = input() name=\"{w}\" : f32[{co}, {c}, {k}, {k}]\n%{b} = input() name=\"{b}\" : f32[{co}, 1, 1]\n%{y}r = conv2d(%{x}, %{w}) layout=nchw stride=[{s}, {s}] padding=[{p}, {p}, {p}, {p}] dilation=[1, 1] groups=1\n%{y} = add(%{y}r, %{b})\n"
+        ));
+        frozen.push((w, randn(&[co, c, k, k], (2.0 / (c * k * k) as f32).sqrt())?));
+        frozen.push((b, randn(&[co, 1, 1], 0.1)?));
+        Ok(y)
+    };
+    let stem = conv(&mut text, "x", 3, 64, 7, 2)?;
+    text.push_str(&format!("%stem = relu(%{stem})\n%pool = pool2d(%stem) kind=max layout=nchw window=[3, 3] stride=[2, 2] padding=[1, 1, 1, 1] dilation=[1, 1] count_include_pad=false\n"));
+    let mut x = "pool".to_string();
+    let mut c = 64;
+    for (stage, co) in [64, 128, 256, 512].into_iter().enumerate() {
+        for block in 0..2 {
+            let s = if stage > 0 && block == 0 { 2 } else { 1 };
+            let a = conv(&mut text, &x, c, co, 3, s)?;
+            text.push_str(&format!("%{a}a = relu(%{a})\n"));
+            let b = conv(&mut text, &format!("{a}a"), co, co, 3, 1)?;
+            let skip = if s == 2 {
+                conv(&mut text, &x, c, co, 1, 2)?
+            } else {
+                x.clone()
+            };
+            let y = format!("s{stage}b{block}");
+            text.push_str(&format!("%{y}s = add(%{b}, %{skip})\n%{y} = relu(%{y}s)\n"));
+            x = y;
+            c = co;
+        }
+    }
+    text.push_str(&format!(
+        "%gap = reduce_mean(%{x}) axes=[2, 3]\n%fc = input() name=\"fc\" : f32[512, 1000]\n%fcb = input() name=\"fcb\" : f32[1000]\n%l = matmul(%gap, %fc)\n%logits = add(%l, %fcb)\noutput \"logits\" = %logits\n"
+    ));
+    frozen.push((
+        "fc".to_string(),
+        randn(&[512, 1000], (1.0f32 / 512.0).sqrt())?,
+    ));
+    frozen.push(("fcb".to_string(), randn(&[1000], 0.1)?));
+    Ok((text, frozen))
+}
+
 /// W6a (depthwise-separable block, fused and unfused), W6b (the standard 3x3 convolution of the
 /// same shape) and W7 (conv + batchnorm + ReLU against the bare convolution), NCHW f32.
 fn conv_workloads(
@@ -1022,6 +1087,29 @@ fn conv_workloads(
             7,
             false,
         )?);
+    }
+    if wanted("resnet18") {
+        // Quick: 96×96, so that the first stage still runs 24-wide rows (the Winograd kernel).
+        let hw = if quick { 96 } else { 224 };
+        let (program, frozen) = resnet18(n, hw, &randn)?;
+        let mut row = fused_against_unfused(
+            "resnet18",
+            &format!("ResNet-18 inference, {n}x3x{hw}x{hw}"),
+            &program,
+            &frozen,
+            (cache, runs, as_json),
+        )?;
+        // The whole network against the reference interpreter, once.
+        let case = prepare(&program, &frozen, kfuse::FusePolicy::Cost, cache)?;
+        let (got, _) = case.exe.run(&case.inputs, &CustomOps::new())?;
+        let graph = kfuse::opt::freeze(&kfuse::parse(&program)?, &frozen)?;
+        let want = kfuse::run_graph(&graph, &case.inputs, &CustomOps::new())?;
+        let error = relative_error(&got[0].1, &want[0].1);
+        if !as_json {
+            println!("resnet18: logits within {error:.1e} of the reference interpreter's (relative to the largest)");
+        }
+        row["max_rel_error"] = json!(error);
+        rows.push(row);
     }
     if wanted("W7") {
         let c = 64;

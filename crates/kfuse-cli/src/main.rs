@@ -109,7 +109,9 @@ enum Command {
         /// 7×7 at batch 1; mbconv: EfficientNet's MBConv block, the inverted residual with SiLU;
         /// mbv3: MobileNetV3's block with hard-swish, 80 channels at 14×14 expanded to 240;
         /// resnet: ResNet-18's down-sampling basic block, 64 channels at 56×56 to 128 at 28×28;
-        /// resnet7: its last stage's block at batch 1, 512 channels at 7×7; cast: a dense layer
+        /// resnet7: its last stage's block at batch 1, 512 channels at 7×7; resnet18: the
+        /// whole network for inference, 8 images of 224×224, checked against the reference
+        /// interpreter; cast: a dense layer
         /// stored in bf16, the cast in the GEMM's epilogue).
         #[arg(value_name = "ID")]
         only: Vec<String>,
