@@ -479,7 +479,7 @@ impl Route {
             Route::SmallPointwise
         } else if f32 && winograd::applies(g) {
             Route::Winograd
-        } else if f32 && direct::applies(g) {
+        } else if f32 && direct::applies(g) && direct::leads(g) {
             Route::Direct
         } else if shifted::applies(g) {
             Route::Shifted
@@ -602,38 +602,7 @@ fn im2col_gemm<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Pos
                         }
                     }
                 } else {
-                    for c in 0..cg {
-                        for i in 0..g.kh {
-                            for j in 0..g.kw {
-                                let kk = (c * g.kh + i) * g.kw + j;
-                                for r in r0..r1 {
-                                    let dst = &mut col[kk * p + (r - r0) * ow..][..ow];
-                                    let Some(h) = g.tap(0, r, i) else {
-                                        dst.fill(T::ZERO);
-                                        continue;
-                                    };
-                                    // Output columns whose tap lands inside the row; zeros outside.
-                                    let (lo, hi, first) = g.valid_columns(j);
-                                    dst[..lo].fill(T::ZERO);
-                                    dst[hi..].fill(T::ZERO);
-                                    if lo < hi {
-                                        let base = g.x_offset(n, group * cg + c, h, first);
-                                        let step = g.stride[1] * g.column_stride();
-                                        if step == 1 {
-                                            dst[lo..hi].copy_from_slice(&xs[base..base + hi - lo]);
-                                        } else {
-                                            for (d, x) in dst[lo..hi]
-                                                .iter_mut()
-                                                .zip(xs[base..].iter().step_by(step))
-                                            {
-                                                *d = *x;
-                                            }
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                    }
+                    fill_columns(g, xs, n, group, r0..r1, col, p);
                     (col.as_ptr(), p, 1)
                 };
                 let w_group = ws[group * og * k..].as_ptr();
@@ -687,6 +656,52 @@ fn im2col_gemm<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Pos
         unsafe { finish_band(g, out.ptr(), n, r0, r1, post) };
     };
     for_each_band(n_images, oh, k * ow * std::mem::size_of::<T>(), &job);
+}
+
+/// The im2col columns of output rows `rows` of image `n`, group `group`: row `kk = (c, i, j)`
+/// of the patches (channel, filter row, filter column) at `col[kk * stride..]`, one position
+/// per output pixel of the rows, zero where the tap falls in the padding.
+fn fill_columns<T: Real>(
+    g: &Geometry,
+    xs: &[T],
+    n: usize,
+    group: usize,
+    rows: std::ops::Range<usize>,
+    col: &mut [T],
+    stride: usize,
+) {
+    let (cg, ow) = (g.in_channels_per_group(), g.y[3]);
+    for c in 0..cg {
+        for i in 0..g.kh {
+            for j in 0..g.kw {
+                let kk = (c * g.kh + i) * g.kw + j;
+                for r in rows.clone() {
+                    let dst = &mut col[kk * stride + (r - rows.start) * ow..][..ow];
+                    let Some(h) = g.tap(0, r, i) else {
+                        dst.fill(T::ZERO);
+                        continue;
+                    };
+                    // Output columns whose tap lands inside the row; zeros outside.
+                    let (lo, hi, first) = g.valid_columns(j);
+                    dst[..lo].fill(T::ZERO);
+                    dst[hi..].fill(T::ZERO);
+                    if lo < hi {
+                        let base = g.x_offset(n, group * cg + c, h, first);
+                        let step = g.stride[1] * g.column_stride();
+                        if step == 1 {
+                            dst[lo..hi].copy_from_slice(&xs[base..base + hi - lo]);
+                        } else {
+                            for (d, x) in
+                                dst[lo..hi].iter_mut().zip(xs[base..].iter().step_by(step))
+                            {
+                                *d = *x;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Applies the epilogue to output rows `r0..r1` of image `n`.
@@ -1163,5 +1178,47 @@ mod reference {
                 }
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod routes {
+    use super::{Geometry, Route};
+    use kfuse_ir::{Conv2dAttrs, Layout};
+
+    fn route(n: usize, c: usize, co: usize, hw: usize, k: usize, s: usize) -> Route {
+        let p = k / 2;
+        let o = (hw + 2 * p - k) / s + 1;
+        let attrs = Conv2dAttrs {
+            layout: Layout::Nchw,
+            stride: [s, s],
+            padding: [p; 4],
+            dilation: [1, 1],
+            groups: 1,
+        };
+        let g = Geometry::new(&[n, c, hw, hw], &[co, c, k, k], &attrs, &[n, co, o, o]);
+        Route::of(&g, true)
+    }
+
+    /// ResNet-18's convolutions take the routines measured fastest for them (see
+    /// `direct::leads`, `winograd::applies`): strided ones onto 14×14 and larger outputs on
+    /// the phase planes, onto 7×7 on im2col.
+    #[test]
+    fn resnet_convolutions_take_their_routines() {
+        if !crate::dense::has_avx512() {
+            eprintln!(
+                "skipped: the direct and Winograd kernels need AVX-512, which this CPU lacks"
+            );
+            return;
+        }
+        assert_eq!(route(8, 3, 64, 224, 7, 2), Route::Direct);
+        assert_eq!(route(8, 64, 64, 56, 3, 1), Route::Winograd);
+        assert_eq!(route(8, 64, 128, 56, 3, 2), Route::Direct);
+        assert_eq!(route(8, 128, 256, 28, 3, 2), Route::Direct);
+        assert_eq!(route(8, 256, 256, 14, 3, 1), Route::Direct);
+        assert_eq!(route(8, 256, 512, 14, 3, 2), Route::Im2col);
+        assert_eq!(route(1, 256, 512, 14, 3, 2), Route::Im2col);
+        assert_eq!(route(8, 512, 512, 7, 3, 1), Route::Direct);
+        assert_eq!(route(8, 256, 512, 14, 1, 2), Route::Im2col);
     }
 }

@@ -59,6 +59,18 @@ pub(super) fn applies(g: &Geometry) -> bool {
     g.layout == Layout::Nchw && g.kh * g.kw > 1 && has_avx512()
 }
 
+/// Whether `g`, which [`applies`], is better here than on im2col: all but the strided
+/// convolutions whose output planes are under two blocks of positions, where the phase planes' extra
+/// column and the last block's empty lanes cost more than the columns' copy: ResNet-18's
+/// 8×256×14×14 → 512 3×3 at stride 2 (7×7 outputs) took 4.8–5.4 ms here with its weights
+/// packed once, 3.5–3.8 ms on im2col, in the whole network (1×256×14×14: 2.5 against 1.5–1.7
+/// ms, weights packed at each call; 8×128×28×28 → 256 at stride 4: 1.5–1.7 against 1.1–1.4).
+/// At 14×14 outputs (8×128×28×28 → 256 at stride 2) this kernel leads, 3.3–3.5 against
+/// 3.9–6.0 ms.
+pub(super) fn leads(g: &Geometry) -> bool {
+    g.stride == [1, 1] || g.y[2] * g.y[3] >= 2 * QB
+}
+
 /// The convolution of `g` into `y`, with the epilogue. Call only where [`applies`] holds.
 pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
     if g.stride == [1, 1] && g.y[3] == g.x[3] {
