@@ -1,4 +1,4 @@
-"""W1-W7 in peer frameworks and in kfuse, measured in one run on one machine.
+"""W1-W7 and ResNet-18 in peer frameworks and in kfuse, measured in one run on one machine.
 
     python tools/bench_peers.py [--kfuse target/release/kfuse] [--runs 10] [--rounds 3]
 
@@ -41,6 +41,41 @@ LAYERNORM = (8192, 1024)
 DENSE = (1024, 1024, 4096)  # W5: M, K, N
 DSC = (8, 64, 112, 112, 128)  # W6: N, C, H, W, C_out
 CBR = (8, 64, 56, 56)  # W7: N, C, H, W
+R18 = (8, 224)  # ResNet-18 for inference (batchnorms folded into the convolutions): N, H = W
+
+
+def r18_convs():
+    """(c_in, c_out, k, stride) of ResNet-18's convolutions in the order `r18_forward` uses
+    them, as `kfuse bench resnet18` builds the network."""
+    convs, c = [(3, 64, 7, 2)], 64
+    for stage, co in enumerate([64, 128, 256, 512]):
+        for block in range(2):
+            s = 2 if stage > 0 and block == 0 else 1
+            convs += [(c, co, 3, s), (co, co, 3, 1)] + ([(c, co, 1, 2)] if s == 2 else [])
+            c = co
+    return convs
+
+
+def r18_forward(ops, x, params):
+    """ResNet-18 on `x` through one framework's `ops` (conv with bias, relu, add, max pool,
+    global average pool, dense); `params` the (weight, bias) pairs of `r18_convs()`, then the
+    dense layer's."""
+    it = iter(params)
+
+    def conv(v, stride):
+        w, b = next(it)
+        return ops.conv(v, w, b, stride)
+
+    x = ops.maxpool(ops.relu(conv(x, 2)))
+    for stage in range(4):
+        for block in range(2):
+            s = 2 if stage > 0 and block == 0 else 1
+            a = ops.relu(conv(x, s))
+            b = conv(a, 1)
+            skip = conv(x, 2) if s == 2 else x
+            x = ops.relu(ops.add(b, skip))
+    fc, fcb = next(it)
+    return ops.dense(ops.gap(x), fc, fcb)
 
 
 def median_ms(f, runs):
@@ -80,6 +115,12 @@ def data():
         "var": np.abs(rng.standard_normal(CBR[1], dtype=np.float32)) + 0.5,
         "gamma": rng.standard_normal(CBR[1], dtype=np.float32),
         "beta": rng.standard_normal(CBR[1], dtype=np.float32) * 0.1,
+        # ResNet-18: He-scaled weights, small biases.
+        "rx": rng.standard_normal((R18[0], 3, R18[1], R18[1]), dtype=np.float32),
+        "r18": [((rng.standard_normal((co, c, k, k)) * np.sqrt(2 / (c * k * k))).astype(np.float32),
+                 (rng.standard_normal(co) * 0.1).astype(np.float32)) for c, co, k, _ in r18_convs()]
+               + [((rng.standard_normal((512, 1000)) / np.sqrt(512)).astype(np.float32),
+                   (rng.standard_normal(1000) * 0.1).astype(np.float32))],
     }
 
 
@@ -143,7 +184,25 @@ def jax_suite(d):
         return jnp.maximum((c - r(mean)) / jnp.sqrt(r(var) + 1e-5) * r(gamma) + r(beta), 0)
 
     w7 = jax.jit(cbr)
+
+    class JaxOps:
+        @staticmethod
+        def conv(v, w, b, stride):
+            p = w.shape[2] // 2
+            return conv(v, w, (stride, stride), [(p, p), (p, p)]) + b[None, :, None, None]
+
+        relu = staticmethod(lambda v: jnp.maximum(v, 0))
+        add = staticmethod(lambda a, b: a + b)
+        maxpool = staticmethod(lambda v: jax.lax.reduce_window(
+            v, -jnp.inf, jax.lax.max, (1, 1, 3, 3), (1, 1, 2, 2), [(0, 0), (0, 0), (1, 1), (1, 1)]))
+        gap = staticmethod(lambda v: v.mean(axis=(2, 3)))
+        dense = staticmethod(lambda v, w, b: v @ w + b)
+
+    rx = jnp.asarray(d["rx"])
+    r18_params = [(jnp.asarray(w), jnp.asarray(b)) for w, b in d["r18"]]
+    r18 = jax.jit(lambda x, params: r18_forward(JaxOps, x, params))
     return {
+        "resnet18": lambda: ready(r18(rx, r18_params)),
         "W1": lambda: ready(w1(x)),
         "W2a": lambda: ready(w2a(x)),
         "W2b": lambda: ready(w2b(x)),
@@ -215,7 +274,43 @@ def ort_suite(d):
                   helper.make_node("Relu", ["bn"], ["o"])],
                  [t("x", list(CBR))], [t("o", list(CBR))],
                  [init("w", d["bw"]), init("gamma", d["gamma"]), init("beta", d["beta"]), init("mean", d["mean"]), init("var", d["var"])])
+    class OnnxOps:
+        """Builds the graph: each op appends nodes and returns its output's name."""
+        nodes, inits, count = [], [], [0]
+
+        @classmethod
+        def name(cls, what):
+            cls.count[0] += 1
+            return f"{what}{cls.count[0]}"
+
+        @classmethod
+        def node(cls, op, inputs, **attrs):
+            out = cls.name(op.lower())
+            cls.nodes.append(helper.make_node(op, inputs, [out], **attrs))
+            return out
+
+        @classmethod
+        def conv(cls, v, w, b, stride):
+            wn, bn = cls.name("w"), cls.name("b")
+            cls.inits += [init(wn, w), init(bn, b)]
+            p = w.shape[2] // 2
+            return cls.node("Conv", [v, wn, bn], strides=[stride, stride], pads=[p] * 4)
+
+        relu = classmethod(lambda cls, v: cls.node("Relu", [v]))
+        add = classmethod(lambda cls, a, b: cls.node("Add", [a, b]))
+        maxpool = classmethod(lambda cls, v: cls.node("MaxPool", [v], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
+        gap = classmethod(lambda cls, v: cls.node("Flatten", [cls.node("GlobalAveragePool", [v])]))
+
+        @classmethod
+        def dense(cls, v, w, b):
+            wn, bn = cls.name("fc"), cls.name("fcb")
+            cls.inits += [init(wn, w), init(bn, b)]
+            return cls.node("Gemm", [v, wn, bn])
+
+    logits = r18_forward(OnnxOps, "x", d["r18"])
+    r18 = session(OnnxOps.nodes, [t("x", [R18[0], 3, R18[1], R18[1]])], [t(logits, [R18[0], 1000])], OnnxOps.inits)
     return {
+        "resnet18": lambda: r18.run(None, {"x": d["rx"]}),
         "W5a": lambda: w5a.run(None, {"x": d["dx"]}),
         "W5b": lambda: w5b.run(None, {"x": d["dx"]}),
         "W6a": lambda: w6a.run(None, {"x": d["cx"]}),
@@ -235,7 +330,7 @@ def torch_suites(d):
     import torch.nn.functional as F
 
     torch.set_num_threads(int(THREADS))
-    t = {k: torch.from_numpy(v) for k, v in d.items()}
+    t = {k: torch.from_numpy(v) for k, v in d.items() if isinstance(v, np.ndarray)}
 
     def softmax(s):
         return torch.softmax(s, dim=1)
@@ -259,6 +354,17 @@ def torch_suites(d):
         "W6b": (lambda x, w: F.conv2d(x, w, padding=1), ["cx", "w6"]),
         "W7": (cbr, ["bx", "bw", "mean", "var", "gamma", "beta"]),
     }
+
+    class TorchOps:
+        conv = staticmethod(lambda v, w, b, stride: F.conv2d(v, w, b, stride=stride, padding=w.shape[2] // 2))
+        relu = staticmethod(torch.relu)
+        add = staticmethod(lambda a, b: a + b)
+        maxpool = staticmethod(lambda v: F.max_pool2d(v, 3, 2, 1))
+        gap = staticmethod(lambda v: v.mean(dim=(2, 3)))
+        dense = staticmethod(lambda v, w, b: v @ w + b)
+
+    r18_params = [(torch.from_numpy(w), torch.from_numpy(b)) for w, b in d["r18"]]
+    graphs["resnet18"] = (lambda x: r18_forward(TorchOps, x, r18_params), ["rx"])
 
     def run(f, args):
         def go():
@@ -293,7 +399,7 @@ def main():
             continue
         suites.update(made if name == "torch" else {name: made})
     env = dict(os.environ, KFUSE_THREADS=THREADS)
-    workloads = ["W1", "W2a", "W2b", "W3", "W4a", "W4b", "W5a", "W5b", "W6a", "W6b", "W7"]
+    workloads = ["W1", "W2a", "W2b", "W3", "W4a", "W4b", "W5a", "W5b", "W6a", "W6b", "W7", "resnet18"]
     per_round = {name: {} for name in list(suites) + ["kfuse"]}
     reports = []
     for r in range(args.rounds):
