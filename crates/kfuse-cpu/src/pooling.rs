@@ -207,6 +207,22 @@ mod avx512 {
         _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v)
     }
 
+    /// Each lane's sum divided by `d` in f64 and rounded to f32, as the reference divides.
+    #[inline(always)]
+    unsafe fn average(sum: __m512, d: __m512d) -> __m512 {
+        let low = _mm512_div_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(sum)), d);
+        let high = _mm512_div_pd(
+            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                _mm512_castps_pd(sum),
+            ))),
+            d,
+        );
+        _mm512_insertf32x8::<1>(
+            _mm512_castps256_ps512(_mm512_cvtpd_ps(low)),
+            _mm512_cvtpd_ps(high),
+        )
+    }
+
     /// Lanes `0..lanes` of `v` into `out[at..]`, a whole vector where there are sixteen (masked
     /// stores, like masked loads, are slow).
     #[inline(always)]
@@ -438,17 +454,7 @@ mod avx512 {
                             acc = _mm512_add_ps(acc, strided(row, o * sw + j * dw - pl, sw, lanes));
                         }
                     }
-                    let low = _mm512_div_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(acc)), d);
-                    let high = _mm512_div_pd(
-                        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                            _mm512_castps_pd(acc),
-                        ))),
-                        d,
-                    );
-                    let value = _mm512_insertf32x8::<1>(
-                        _mm512_castps256_ps512(_mm512_cvtpd_ps(low)),
-                        _mm512_cvtpd_ps(high),
-                    );
+                    let value = average(acc, d);
                     store(out, o, lanes, value);
                 }
             }
@@ -545,18 +551,7 @@ mod avx512 {
                             for &at in &taps {
                                 acc = _mm512_add_ps(acc, load(at));
                             }
-                            let low =
-                                _mm512_div_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(acc)), d);
-                            let high = _mm512_div_pd(
-                                _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                                    _mm512_castps_pd(acc),
-                                ))),
-                                d,
-                            );
-                            _mm512_insertf32x8::<1>(
-                                _mm512_castps256_ps512(_mm512_cvtpd_ps(low)),
-                                _mm512_cvtpd_ps(high),
-                            )
+                            average(acc, d)
                         }
                     };
                     store(out, ch, lanes, value);
