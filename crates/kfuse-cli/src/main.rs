@@ -86,6 +86,15 @@ enum Command {
         /// An .npz archive whose arrays bind inputs by name (repeatable).
         #[arg(long = "inputs-npz", value_name = "FILE.npz")]
         npz: Vec<PathBuf>,
+        /// An .npz archive whose arrays become constants of the program, for the inputs of
+        /// their names (repeatable): a model's weights. Constants fold (a batchnorm into its
+        /// convolution) and their packed forms are kept between runs.
+        #[arg(long = "constants", value_name = "FILE.npz")]
+        constants: Vec<PathBuf>,
+        /// Run the program this many times on the same inputs (buffers kept between runs) and
+        /// print the median and fastest run; the outputs are the last run's.
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        runs: u32,
         /// Where to write the outputs (created if missing).
         #[arg(long, value_name = "DIR")]
         output_dir: PathBuf,
@@ -160,9 +169,21 @@ fn main() -> ExitCode {
             program,
             inputs,
             npz,
+            constants,
+            runs,
             output_dir,
             engine,
-        } => run(&program, &inputs, &npz, &output_dir, &engine),
+        } => run(
+            &program,
+            Bindings {
+                inputs: &inputs,
+                npz: &npz,
+                constants: &constants,
+            },
+            runs as usize,
+            &output_dir,
+            &engine,
+        ),
         Command::Explain {
             program,
             fuse,
@@ -219,8 +240,27 @@ fn cost_model_named(name: &str) -> kfuse::FixedCostModel {
     }
 }
 
+/// The profile of repeated runs: the only run's, or each step's median over the runs after
+/// the first (which also packs weights and faults in fresh buffers), laid end to end.
+fn steady(mut profiles: Vec<kfuse::runtime::RunStats>) -> kfuse::runtime::RunStats {
+    if profiles.len() == 1 {
+        return profiles.remove(0);
+    }
+    let later = &profiles[1..];
+    let mut stats = later[later.len() - 1].clone();
+    let mut start = 0.0;
+    for (k, step) in stats.profile.iter_mut().enumerate() {
+        let mut durations: Vec<f64> = later.iter().map(|p| p.profile[k].duration_us).collect();
+        durations.sort_by(f64::total_cmp);
+        step.duration_us = durations[durations.len() / 2];
+        step.start_us = start;
+        start += step.duration_us;
+    }
+    stats
+}
+
 /// Writes the run's steps as a Chrome trace and prints them.
-fn write_profile(path: &Path, stats: &kfuse::runtime::RunStats) -> Result<()> {
+fn write_profile(path: &Path, stats: &kfuse::runtime::RunStats, runs: usize) -> Result<()> {
     let events: Vec<serde_json::Value> = stats
         .profile
         .iter()
@@ -235,8 +275,13 @@ fn write_profile(path: &Path, stats: &kfuse::runtime::RunStats) -> Result<()> {
     let trace = serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"});
     std::fs::write(path, serde_json::to_string(&trace)?)
         .with_context(|| format!("cannot write {}", path.display()))?;
+    let of = if runs > 1 {
+        format!(", each step's median over runs 2 to {runs}")
+    } else {
+        String::new()
+    };
     eprintln!(
-        "profile ({} steps, peak {} bytes) -> {}",
+        "profile ({} steps, peak {} bytes{of}) -> {}",
         stats.profile.len(),
         stats.peak_bytes,
         path.display()
@@ -326,14 +371,42 @@ fn output_file(dir: &Path, name: &str) -> Result<PathBuf> {
     Ok(dir.join(format!("{name}.npy")))
 }
 
+/// Where `kfuse run` takes its values from.
+struct Bindings<'a> {
+    /// `NAME=FILE.npy`.
+    inputs: &'a [String],
+    /// Archives of inputs.
+    npz: &'a [PathBuf],
+    /// Archives of constants.
+    constants: &'a [PathBuf],
+}
+
 fn run(
     program: &Path,
-    bindings: &[String],
-    npz: &[PathBuf],
+    Bindings {
+        inputs: bindings,
+        npz,
+        constants,
+    }: Bindings,
+    runs: usize,
     output_dir: &Path,
     engine: &EngineArgs,
 ) -> Result<()> {
-    let graph = load_program(program)?;
+    let mut graph = load_program(program)?;
+    let mut frozen: Vec<(String, Array)> = Vec::new();
+    for path in constants {
+        let arrays = kfuse::npy::load_npz(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        for (name, array) in arrays {
+            if frozen.iter().any(|(f, _)| *f == name) {
+                bail!("`{name}` is given twice in --constants");
+            }
+            frozen.push((name, array));
+        }
+    }
+    if !frozen.is_empty() {
+        graph = kfuse::opt::freeze(&graph, &frozen).context("--constants")?;
+    }
     let mut inputs: Vec<(String, Array)> = Vec::new();
     for path in npz {
         let arrays = kfuse::npy::load_npz(path)
@@ -349,15 +422,28 @@ fn run(
         inputs.retain(|(n, _)| n != name);
         inputs.push((name.to_string(), array));
     }
+    if let Some((name, _)) = inputs
+        .iter()
+        .find(|(n, _)| frozen.iter().any(|(f, _)| f == n))
+    {
+        bail!("`{name}` is given both as a constant (--constants) and as an input");
+    }
     // Validate every output name before computing anything.
     let files: Vec<PathBuf> = graph
         .outputs()
         .iter()
         .map(|o| output_file(output_dir, &o.name))
         .collect::<Result<_>>()?;
+    let mut times = Vec::with_capacity(runs);
     let outputs = if engine.engine == "reference" {
         eprintln!("engine: reference interpreter");
-        kfuse::run_graph(&graph, &inputs, &CustomOps::new())?
+        let mut outputs = Vec::new();
+        for _ in 0..runs {
+            let start = std::time::Instant::now();
+            outputs = kfuse::run_graph(&graph, &inputs, &CustomOps::new())?;
+            times.push(start.elapsed().as_secs_f64());
+        }
+        outputs
     } else {
         let exe = kfuse::compile(
             &graph,
@@ -365,14 +451,31 @@ fn run(
             &cost_model_named(&engine.cost_model),
         )?;
         report_tiers(&exe);
-        let (outputs, stats) = exe
-            .run(&inputs, &CustomOps::new())
-            .map_err(kfuse::Error::from)?;
-        if let Some(path) = &engine.profile {
-            write_profile(path, &stats)?;
+        let mut runner = exe.runner();
+        let mut profiles = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let start = std::time::Instant::now();
+            let stats = runner
+                .run(&inputs, &CustomOps::new())
+                .map_err(kfuse::Error::from)?;
+            times.push(start.elapsed().as_secs_f64());
+            profiles.push(stats);
         }
-        outputs
+        if let Some(path) = &engine.profile {
+            write_profile(path, &steady(profiles), runs)?;
+        }
+        runner.outputs(&inputs)
     };
+    if runs > 1 {
+        let mut sorted = times.clone();
+        sorted.sort_by(f64::total_cmp);
+        eprintln!(
+            "{runs} runs: median {:.3} ms, fastest {:.3} ms, first {:.3} ms",
+            sorted[runs / 2] * 1e3,
+            sorted[0] * 1e3,
+            times[0] * 1e3
+        );
+    }
     std::fs::create_dir_all(output_dir)
         .with_context(|| format!("cannot create {}", output_dir.display()))?;
     for ((name, array), file) in outputs.iter().zip(&files) {

@@ -652,6 +652,128 @@ fn profile_writes_a_chrome_trace() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--constants` binds a model's weights as constants of the program: the outputs equal
+/// those of the same arrays bound as inputs (bit for bit in strict numerics, where no graph
+/// pass refolds them), `--runs` repeats the run and reports its times, and a weight given
+/// twice or a constant with no input of its name is a clear error.
+#[test]
+fn weights_can_be_constants_and_runs_repeated() {
+    let case = programs().join("mlp");
+    let dir = scratch("constants");
+    let load = |name: &str| kfuse_npy::load_npy(&case.join(format!("{name}.npy"))).unwrap();
+    kfuse_npy::save_npz(&dir.join("x.npz"), &[("x".into(), load("x"))]).unwrap();
+    kfuse_npy::save_npz(
+        &dir.join("weights.npz"),
+        &[("w".into(), load("w")), ("b".into(), load("b"))],
+    )
+    .unwrap();
+    kfuse_npy::save_npz(
+        &dir.join("all.npz"),
+        &[
+            ("x".into(), load("x")),
+            ("w".into(), load("w")),
+            ("b".into(), load("b")),
+        ],
+    )
+    .unwrap();
+    let program = case.join("program.kf");
+    let path = |name: &str| dir.join(name).display().to_string();
+    for numerics in ["strict", "fast"] {
+        let as_inputs = kfuse(&[
+            "run",
+            program.to_str().unwrap(),
+            "--inputs-npz",
+            &path("all.npz"),
+            "--numerics",
+            numerics,
+            "--output-dir",
+            &path("inputs"),
+        ]);
+        assert!(as_inputs.status.success(), "{}", stderr(&as_inputs));
+        let as_constants = kfuse(&[
+            "run",
+            program.to_str().unwrap(),
+            "--inputs-npz",
+            &path("x.npz"),
+            "--constants",
+            &path("weights.npz"),
+            "--runs",
+            "3",
+            "--numerics",
+            numerics,
+            "--output-dir",
+            &path("constants"),
+        ]);
+        let err = stderr(&as_constants);
+        assert!(as_constants.status.success(), "{err}");
+        assert!(err.contains("3 runs: median"), "{err}");
+        for out in std::fs::read_dir(dir.join("inputs")).unwrap() {
+            let name = out.unwrap().file_name();
+            let want = kfuse_npy::load_npy(&dir.join("inputs").join(&name)).unwrap();
+            let got = kfuse_npy::load_npy(&dir.join("constants").join(&name)).unwrap();
+            if numerics == "strict" {
+                assert_eq!(got, want, "{name:?}");
+            } else {
+                assert_close("constants", &name.to_string_lossy(), &got, &want);
+            }
+        }
+    }
+    fails_with(
+        &[
+            "run",
+            program.to_str().unwrap(),
+            "--inputs-npz",
+            &path("all.npz"),
+            "--constants",
+            &path("weights.npz"),
+            "--output-dir",
+            &path("out"),
+        ],
+        "`w` is given both as a constant (--constants) and as an input",
+    );
+    fails_with(
+        &[
+            "run",
+            program.to_str().unwrap(),
+            "--constants",
+            &path("all.npz"),
+            "--constants",
+            &path("x.npz"),
+            "--output-dir",
+            &path("out"),
+        ],
+        "`x` is given twice in --constants",
+    );
+    kfuse_npy::save_npz(&dir.join("stray.npz"), &[("v".into(), load("b"))]).unwrap();
+    fails_with(
+        &[
+            "run",
+            program.to_str().unwrap(),
+            "--inputs-npz",
+            &path("all.npz"),
+            "--constants",
+            &path("stray.npz"),
+            "--output-dir",
+            &path("out"),
+        ],
+        "the program has no input named `v`",
+    );
+    fails_with(
+        &[
+            "run",
+            program.to_str().unwrap(),
+            "--inputs-npz",
+            &path("x.npz"),
+            "--constants",
+            &path("missing.npz"),
+            "--output-dir",
+            &path("out"),
+        ],
+        "cannot read",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `kfuse bench --quick --json` runs every workload at small sizes and reports each: W0's
 /// bandwidth rows and peak FMA, W1-W4 fused against unfused (the bench itself fails when the
 /// fused result leaves the workload's tolerance), W5-W7 and the cost-model case. Only the

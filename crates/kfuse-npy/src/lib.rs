@@ -14,7 +14,7 @@ use kfuse_ir::{Array, DType, Shape, Storage};
 /// Why a file could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum NpyError {
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     /// The bytes are not a valid `.npy` file.
     #[error("not a valid .npy file: {0}")]
