@@ -83,6 +83,10 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
     let pw = grid.pw;
     let packed = pack(ws, g.groups, og, cg * grid.offsets.len());
     let per_group = packed.len() / g.groups;
+    // An output too large to stay in the last-level cache is copied out of the stage with
+    // non-temporal stores, which skip reading each line before overwriting it, where no part of
+    // the epilogue is left for the copy.
+    let stream = rest.is_empty() && std::mem::size_of_val(y) >= crate::c::STREAM_MIN_BYTES;
     let out = Out(y.as_mut_ptr());
     let job = |n: usize, band: std::ops::Range<usize>| {
         let (r0, rows) = (band.start, band.len());
@@ -130,9 +134,22 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                             // SAFETY: row r0 + r of this channel of image n is this task's.
                             let dst =
                                 unsafe { std::slice::from_raw_parts_mut(out.ptr().add(at), ow) };
-                            epilogue_into(dst, src, rest.channel(channel, at, ow));
+                            if stream {
+                                // SAFETY: `stream` is set only on AVX-512.
+                                unsafe { stream_copy(dst, src) };
+                            } else {
+                                epilogue_into(dst, src, rest.channel(channel, at, ow));
+                            }
                         }
                     }
+                }
+                if stream {
+                    // SAFETY: SSE is baseline on x86-64. Orders the streamed stores before the
+                    // task is reported done.
+                    #[cfg(target_arch = "x86_64")]
+                    unsafe {
+                        _mm_sfence()
+                    };
                 }
             },
         )
@@ -598,6 +615,37 @@ impl<'a> Lines<'a> {
             count -= 1;
         }
     }
+}
+
+/// `dst = src`, the whole 64-byte lines of `dst` stored non-temporally.
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn stream_copy(dst: &mut [f32], src: &[f32]) {
+    let n = dst.len().min(src.len());
+    // Elements before the first 64-byte boundary of `dst`.
+    let head = ((64 - (dst.as_ptr() as usize) % 64) % 64 / 4).min(n);
+    dst[..head].copy_from_slice(&src[..head]);
+    let mut i = head;
+    while i + 16 <= n {
+        // SAFETY: 16 elements of each from i; dst + i is 64-byte aligned.
+        unsafe {
+            _mm512_stream_ps(
+                dst.as_mut_ptr().add(i),
+                _mm512_loadu_ps(src.as_ptr().add(i)),
+            )
+        };
+        i += 16;
+    }
+    dst[i..n].copy_from_slice(&src[i..n]);
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn stream_copy(dst: &mut [f32], src: &[f32]) {
+    let n = dst.len().min(src.len());
+    dst[..n].copy_from_slice(&src[..n]);
 }
 
 /// What a block applies to its sums in registers before storing them.
@@ -1429,8 +1477,8 @@ mod tests {
     /// Strided convolutions on the phase planes: each output within rounding of its sum, then
     /// the epilogue, over strides 2 and 3 (and different per axis), kernels from 2×2 to 7×7
     /// (the stem's 7×7 at stride 2 with 3 channels), dilation with a stride, groups, odd and
-    /// asymmetric padding, odd sizes, an output of one pixel, and subnormals and signed zeros
-    /// in the input.
+    /// asymmetric padding, odd sizes, an output of one pixel, an output large enough to be
+    /// streamed, and subnormals and signed zeros in the input.
     #[test]
     fn strided_convolutions_match_their_sums() {
         check_against_sums(&[
@@ -1443,6 +1491,8 @@ mod tests {
             (2, 8, 12, 12, 12, 3, 3, [2, 2], [1, 1], 2, [1, 1, 1, 1]),
             (1, 4, 6, 8, 8, 2, 2, [2, 2], [1, 1], 1, [0, 0, 0, 0]),
             (1, 7, 9, 3, 3, 3, 3, [2, 2], [1, 1], 1, [0, 0, 0, 0]),
+            // 16.8 MB of output: copied out of the stage with streaming stores.
+            (1, 1, 64, 512, 512, 3, 3, [2, 2], [1, 1], 1, [1, 1, 1, 1]),
         ]);
     }
 
