@@ -363,7 +363,7 @@ fn conv_same_width(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
         n_images,
         oh,
         cg * in_w * std::mem::size_of::<f32>(),
-        |rows| fit_rows(rows, ow),
+        |rows| fit_rows(rows, ow, oh),
         &|n, band| job(n, band, 0..all_blocks),
     );
 }
@@ -376,15 +376,21 @@ const BIG_WEIGHTS: usize = 512 << 10;
 /// output channels split between tasks.
 const SMALL_IMAGE: usize = 16 * 16;
 
-/// The largest band of at most `rows` rows (and more than half of them) whose `rows * ow`
-/// positions cost the least per position: whole blocks of [`QB`] take 24 fused multiply-adds
-/// per tap, channel and block of output channels, a last partial block 8 per vector it
-/// reaches, or `P + 1` for the `P` positions of a [`tail_block`] (its loads bound it). 7-wide
-/// rows: 7 rows (48 positions and a tail of one) where 6 rows (42 positions in a block of 48)
-/// and a band of one row were taken before the tail kernel (8×512×7×7 → 512, its weights
-/// packed at each call: 7.2–7.7 → 5.8–6.2 ms; at batch 1 2.1–2.6 → 1.9–2.2 ms).
-fn fit_rows(rows: usize, ow: usize) -> usize {
-    let cost = |r: usize| {
+/// The band height, at most `rows` rows (and more than half of them), whose bands of an
+/// image of `oh` rows of `ow` cost the least in all, the last band being what is left: whole
+/// blocks of [`QB`] positions take 24 fused multiply-adds per tap, channel and block of output
+/// channels, a last partial block 8 per vector it reaches, or `P + 1` for the `P` positions of
+/// a [`tail_block`] (its loads bound it). The largest height wins a tie.
+///
+/// - 7×7 images: 7 rows (48 positions and a tail of one) where 6 rows (42 positions in a
+///   block of 48) and a band of one row were taken before the tail kernel (8×512×7×7 → 512,
+///   its weights packed at each call: 7.2–7.7 → 5.8–6.2 ms; at batch 1 2.1–2.6 → 1.9–2.2 ms).
+/// - 14×14 images: 14 rows (4 blocks and a tail of four) where the cost of the first band
+///   alone picked 10 (and a band of 4 rows, 56 positions, to follow): ResNet-18's third
+///   stage, 8×256×14×14 → 256 with bias and ReLU, per-step medians in the whole network over
+///   three alternating runs, 4.54–4.75 → 4.30–4.49 ms.
+fn fit_rows(rows: usize, ow: usize, oh: usize) -> usize {
+    let band = |r: usize| {
         let p = r * ow;
         let rest = p % QB;
         let last = match rest {
@@ -392,11 +398,12 @@ fn fit_rows(rows: usize, ow: usize) -> usize {
             1..=TAIL => rest + 1,
             _ => rest.div_ceil(16) * 8,
         };
-        (p / QB * 24 + last) as f64 / p as f64
+        p / QB * 24 + last
     };
+    let image = |r: usize| oh / r * band(r) + band(oh % r);
     (rows.div_ceil(2).max(1)..=rows)
         .rev()
-        .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))
+        .min_by_key(|&r| image(r))
         .unwrap_or(rows)
 }
 
