@@ -718,46 +718,35 @@ fn weights_can_be_constants_and_runs_repeated() {
             }
         }
     }
-    fails_with(
-        &[
-            "run",
-            program.to_str().unwrap(),
-            "--inputs-npz",
-            &path("all.npz"),
-            "--constants",
-            &path("weights.npz"),
-            "--output-dir",
-            &path("out"),
-        ],
-        "`w` is given both as a constant (--constants) and as an input",
-    );
-    fails_with(
-        &[
-            "run",
-            program.to_str().unwrap(),
-            "--constants",
-            &path("all.npz"),
-            "--constants",
-            &path("x.npz"),
-            "--output-dir",
-            &path("out"),
-        ],
-        "`x` is given twice in --constants",
-    );
     kfuse_npy::save_npz(&dir.join("stray.npz"), &[("v".into(), load("b"))]).unwrap();
-    fails_with(
-        &[
+    let cases = [
+        (
+            ["--inputs-npz", "all.npz", "--constants", "weights.npz"],
+            "`w` is given both as a constant (--constants) and as an input",
+        ),
+        (
+            ["--constants", "all.npz", "--constants", "x.npz"],
+            "`x` is given twice in --constants",
+        ),
+        (
+            ["--inputs-npz", "all.npz", "--constants", "stray.npz"],
+            "the program has no input named `v`",
+        ),
+    ];
+    for ([flag1, file1, flag2, file2], needle) in cases {
+        let (file1, file2, out) = (path(file1), path(file2), path("out"));
+        let args = [
             "run",
             program.to_str().unwrap(),
-            "--inputs-npz",
-            &path("all.npz"),
-            "--constants",
-            &path("stray.npz"),
+            flag1,
+            &file1,
+            flag2,
+            &file2,
             "--output-dir",
-            &path("out"),
-        ],
-        "the program has no input named `v`",
-    );
+            &out,
+        ];
+        fails_with(&args, needle);
+    }
     fails_with(
         &[
             "run",

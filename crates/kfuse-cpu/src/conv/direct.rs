@@ -123,6 +123,7 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                             in_registers.bias.map(|b| &b[group * og..][..og]),
                             InRegisters::of(in_registers.act),
                             false,
+                            &[],
                         )
                     };
                     // The rest of the epilogue is applied as each row is copied out.
@@ -503,31 +504,13 @@ const PACK_ALONE: usize = 64 << 10;
 /// input channels `c` and taps `t` of its packed weight times `x[c * plane + offsets[t] + q]`,
 /// plus the bias, then `act`; stored non-temporally where `stream` (the caller then
 /// fences). `block` checks that `x` holds what this reads (whole blocks of [`QB`] positions).
+/// The cache lines of `ahead` (the input of a band to come) are asked for a few at a time as
+/// the blocks run.
 ///
 /// # Safety
 /// The elements `dst` addresses must be writable and this thread's alone.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn compute(
-    x: &[f32],
-    plane: usize,
-    offsets: &[usize],
-    packed: &[f32],
-    dst: Dst,
-    bias: Option<&[f32]>,
-    act: Option<InRegisters>,
-    stream: bool,
-) {
-    // SAFETY: forwarded.
-    unsafe { compute_ahead(x, plane, offsets, packed, dst, bias, act, stream, &[]) }
-}
-
-/// [`compute`], asking for the cache lines of `ahead` (the input of a band to come) a few at a
-/// time as its blocks run.
-///
-/// # Safety
-/// As for [`compute`].
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn compute_ahead(
     x: &[f32],
     plane: usize,
     offsets: &[usize],
@@ -1163,6 +1146,7 @@ pub(super) fn inverted_residual(
                     expand_in_registers.bias.map(|b| &b[chans.clone()]),
                     InRegisters::of(expand_in_registers.act),
                     false,
+                    &[],
                 )
             };
             if !expand_rest.is_empty() {
@@ -1282,7 +1266,7 @@ fn pointwise_bands(
         let blocks = chans.start / OB..chans.end.div_ceil(OB);
         // SAFETY: those rows are this task's.
         unsafe {
-            compute_ahead(
+            compute(
                 tile,
                 q_blocks,
                 &[0],
@@ -1334,6 +1318,7 @@ fn pointwise_bands(
                     in_registers.bias,
                     InRegisters::of(in_registers.act),
                     false,
+                    &[],
                 )
             };
             for i in 0..count {

@@ -157,6 +157,7 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                                 None,
                                 None,
                                 false,
+                                &[],
                             )
                         };
                     }
