@@ -414,6 +414,16 @@ impl Geometry {
         (sub, xs, &ws[chans.start * taps..][..cc * taps], post)
     }
 
+    /// The input rows `lo..hi`, inside the image, that output rows `band` read.
+    fn rows_read(&self, band: &std::ops::Range<usize>) -> (usize, usize) {
+        let in_h = self.x[2] as isize;
+        let first = (band.start * self.stride[0]) as isize - self.pad[0] as isize;
+        let reach = ((band.end - 1) * self.stride[0]) as isize - self.pad[0] as isize
+            + ((self.kh - 1) * self.dilation[0] + 1) as isize;
+        let lo = first.clamp(0, in_h) as usize;
+        (lo, (reach.clamp(0, in_h) as usize).max(lo))
+    }
+
     fn x_offset(&self, n: usize, c: usize, h: usize, w: usize) -> usize {
         let [_, cs, hs, ws] = self.x;
         match self.layout {

@@ -1003,16 +1003,10 @@ fn separable_stored(
         };
     };
     let row_bytes = g.y[1] * g.y[3] * std::mem::size_of::<f32>();
-    let [_, c, in_h, in_w] = g.x;
+    let [_, c, _, in_w] = g.x;
     // The input rows a band of depthwise output rows reads, every channel's.
     let input_of = |n: usize, band: &std::ops::Range<usize>| {
-        let first = (band.start * g.stride[0]) as isize - g.pad[0] as isize;
-        let reach = ((band.end - 1) * g.stride[0]) as isize - g.pad[0] as isize
-            + ((g.kh - 1) * g.dilation[0] + 1) as isize;
-        let (lo, hi) = (
-            first.clamp(0, in_h as isize) as usize,
-            reach.clamp(0, in_h as isize) as usize,
-        );
+        let (lo, hi) = g.rows_read(band);
         (0..c)
             .filter(|_| lo < hi)
             .map(|ch| &xs[g.x_offset(n, ch, lo, 0)..][..(hi - lo) * in_w])
@@ -1085,19 +1079,13 @@ pub(super) fn inverted_residual(
     y: &mut [f32],
     post: Post<f32>,
 ) {
-    let [_, c_in, in_h, w] = ge.x;
+    let [_, c_in, _, w] = ge.x;
     let c_exp = ge.y[1];
-    let [sh, _] = gd.stride;
-    let (pt, reach_rows) = (gd.pad[0], (gd.kh - 1) * gd.dilation[0] + 1);
+    let ([sh, _], pt) = (gd.stride, gd.pad[0]);
     let packed = pack(we, 1, c_exp, c_in);
     let (expand_in_registers, expand_rest) = split(expand);
     // The input rows depthwise output rows `band` read, inside the image.
-    let input_rows = |band: &std::ops::Range<usize>| {
-        let first = (band.start * sh) as isize - pt as isize;
-        let reach = ((band.end - 1) * sh) as isize - pt as isize + reach_rows as isize;
-        let lo = first.clamp(0, in_h as isize) as usize;
-        (lo, (reach.clamp(0, in_h as isize) as usize).max(lo))
-    };
+    let input_rows = |band: &std::ops::Range<usize>| gd.rows_read(band);
     // Per band: the input rows' copy (whole blocks of positions) and the expansion of its
     // `chans` channels.
     let extra = |band: &std::ops::Range<usize>, chans: usize| {
