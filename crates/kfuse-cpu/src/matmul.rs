@@ -330,12 +330,17 @@ fn matmul_as(
                 let bias = bias.map(|b| &b[c0..c1]);
                 let width = c1 - c0;
                 // With an activation, a scale or a residual to apply in a pass over the output
-                // anyway, the bias joins that pass; otherwise it is pre-filled into the GEMM's
+                // anyway, the bias joins that pass; so it does on a block of columns, which is
+                // in cache after its GEMM; otherwise it is pre-filled into the GEMM's
                 // destination. Rounded steps add it in the pass, after rounding the product.
+                // Pre-filled, the GEMM reads the block back as it accumulates: 1024 x 1024 x
+                // 4096 with a bias took 18.9-19.0 ms, against 18.5-18.6 in the pass and
+                // 18.2-18.5 bare (alternating runs).
                 let pass = activation.is_some()
                     || residual.is_some()
                     || scale.is_some()
-                    || round.is_some();
+                    || round.is_some()
+                    || (bias.is_some() && by_columns);
                 let bias_in_pass = pass && (!gemv_path || round.is_some());
                 if gemv_path {
                     gemv(k, n, lhs, a_cs, rhs, at, bias.filter(|_| !bias_in_pass));
