@@ -460,7 +460,7 @@ fn conv2d_typed<T: Real>(
                 unreachable!("an f32 route for {}", std::any::type_name::<T>())
             };
             match f32_route {
-                Route::SmallPointwise => direct::pointwise(&g, xs, ws, y, post),
+                Route::Pointwise => direct::pointwise(&g, xs, ws, y, post),
                 Route::Winograd => winograd::conv(&g, xs, ws, y, post),
                 _ => direct::conv(&g, xs, ws, y, post),
             }
@@ -473,7 +473,8 @@ fn conv2d_typed<T: Real>(
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Route {
     Depthwise,
-    SmallPointwise,
+    /// A 1×1 convolution on the direct microkernel ([`small_pointwise`], [`wide_pointwise`]).
+    Pointwise,
     Winograd,
     Direct,
     Shifted,
@@ -485,8 +486,8 @@ impl Route {
     fn of(g: &Geometry, f32: bool) -> Route {
         if g.groups == g.x[1] && g.y[1] == g.x[1] {
             Route::Depthwise
-        } else if f32 && small_pointwise(g) {
-            Route::SmallPointwise
+        } else if f32 && (small_pointwise(g) || wide_pointwise(g)) {
+            Route::Pointwise
         } else if f32 && winograd::applies(g) {
             Route::Winograd
         } else if f32 && direct::applies(g) && direct::leads(g) {
@@ -501,8 +502,11 @@ impl Route {
     fn describe(self, g: &Geometry) -> String {
         match self {
             Route::Depthwise => "the direct depthwise kernel".into(),
-            Route::SmallPointwise => {
+            Route::Pointwise if small_pointwise(g) => {
                 "the direct 8×48 microkernel as a 1×1 convolution, each small image in two phases over the threads".into()
+            }
+            Route::Pointwise => {
+                "the direct 8×48 microkernel as a 1×1 convolution, on a copy of each band's input rows".into()
             }
             Route::Winograd => {
                 "Winograd F(2×2, 3×3): input and output transforms around 16 GEMMs on the direct 8×48 microkernel (16 multiplications per 2×2 outputs where direct takes 36)".into()
@@ -557,6 +561,33 @@ fn small_pointwise(g: &Geometry) -> bool {
         && g.layout == Layout::Nchw
         && g.y[2] * g.y[3] <= SMALL_IMAGE
         && g.y[0] < Pool::global().threads()
+        && crate::dense::has_avx512()
+}
+
+/// Whether `g` is a 1×1 convolution of at least 64 channels in and out onto images of at least
+/// 14×14 (f32 NCHW on AVX-512), which the direct microkernel runs faster than the `gemm` crate
+/// since its blocks store straight from their registers. `conv::conv2d` alone, weights packed
+/// at each call, median of 15 calls, in ms, `gemm` against direct (two runs of each):
+///
+/// | shape | `gemm` | direct |
+/// |---|---|---|
+/// | 8×64×112×112 → 128 | 4.70–4.74 | 4.34–4.43 |
+/// | 8×64×56×56 → 256 | 2.02–2.08 | 1.90–1.93 |
+/// | 8×256×56×56 → 64 | 2.63 | 2.55–2.62 |
+/// | 8×512×28×28 → 128 | 2.19–2.20 | 2.05 |
+/// | 8×1024×14×14 → 256 | 2.05–2.09 | 1.98–2.01 |
+/// | 8×256×14×14 → 1024 | 1.99–2.01 | 1.93–1.94 |
+///
+/// `gemm` stays ahead on 7×7 images (8×512×7×7 → 2048: 2.23 against 2.73) and where either
+/// side has few channels, which is bound by memory (8×144×56×56 → 24: 0.39 against 0.62;
+/// 8×24×56×56 → 144: 0.42 against 0.49).
+fn wide_pointwise(g: &Geometry) -> bool {
+    g.is_pointwise()
+        && g.groups == 1
+        && g.layout == Layout::Nchw
+        && g.x[1] >= 64
+        && g.y[1] >= 64
+        && g.y[2] * g.y[3] >= 14 * 14
         && crate::dense::has_avx512()
 }
 
@@ -1230,5 +1261,20 @@ mod routes {
         assert_eq!(route(1, 256, 512, 14, 3, 2), Route::Im2col);
         assert_eq!(route(8, 512, 512, 7, 3, 1), Route::Direct);
         assert_eq!(route(8, 256, 512, 14, 1, 2), Route::Im2col);
+    }
+
+    /// 1×1 convolutions run on the direct microkernel where it was measured faster than the
+    /// `gemm` crate (see `wide_pointwise`), and on `gemm` elsewhere.
+    #[test]
+    fn pointwise_convolutions_take_their_routines() {
+        if !crate::dense::has_avx512() {
+            eprintln!("skipped: the direct microkernel needs AVX-512, which this CPU lacks");
+            return;
+        }
+        assert_eq!(route(8, 64, 128, 112, 1, 1), Route::Pointwise);
+        assert_eq!(route(8, 1024, 256, 14, 1, 1), Route::Pointwise);
+        assert_eq!(route(8, 512, 2048, 7, 1, 1), Route::Im2col);
+        assert_eq!(route(8, 144, 24, 56, 1, 1), Route::Im2col);
+        assert_eq!(route(8, 24, 144, 56, 1, 1), Route::Im2col);
     }
 }

@@ -252,6 +252,11 @@ fn cases() -> Vec<Case> {
         case([0, 3, 4, 4], 2, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
         // Enough rows to split into several bands per image.
         case([1, 3, 64, 33], 5, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        // 1×1 convolutions wide enough for the direct microkernel (at least 64 channels each
+        // way onto at least 196 pixels): several bands, a partial last block of positions and
+        // of output channels, at a batch of two and of one.
+        case([2, 64, 15, 17], 70, [1, 1], [1, 1], [0; 4], [1, 1], 1),
+        case([1, 72, 20, 20], 64, [1, 1], [1, 1], [0; 4], [1, 1], 1),
     ]
 }
 
