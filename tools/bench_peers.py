@@ -1,4 +1,4 @@
-"""W1-W7 and ResNet-18 in peer frameworks and in kfuse, measured in one run on one machine.
+"""W1-W7, ResNet-18 and ResNet-50 in peer frameworks and in kfuse, measured in one run on one machine.
 
     python tools/bench_peers.py [--kfuse target/release/kfuse] [--runs 10] [--rounds 3]
 
@@ -41,7 +41,7 @@ LAYERNORM = (8192, 1024)
 DENSE = (1024, 1024, 4096)  # W5: M, K, N
 DSC = (8, 64, 112, 112, 128)  # W6: N, C, H, W, C_out
 CBR = (8, 64, 56, 56)  # W7: N, C, H, W
-R18 = (8, 224)  # ResNet-18 for inference (batchnorms folded into the convolutions): N, H = W
+R18 = (8, 224)  # ResNet-18 and ResNet-50 for inference (batchnorms folded into the convolutions): N, H = W
 
 
 def r18_convs():
@@ -54,6 +54,43 @@ def r18_convs():
             convs += [(c, co, 3, s), (co, co, 3, 1)] + ([(c, co, 1, 2)] if s == 2 else [])
             c = co
     return convs
+
+
+def r50_convs():
+    """(c_in, c_out, k, stride) of ResNet-50's convolutions in the order `r50_forward` uses
+    them, as `kfuse bench resnet50` builds the network (bottleneck blocks, the stride on the
+    3x3, a 1x1 projection on the skip where the shape changes)."""
+    convs, c = [(3, 64, 7, 2)], 64
+    for stage, (width, blocks) in enumerate(zip([64, 128, 256, 512], [3, 4, 6, 3])):
+        co = 4 * width
+        for block in range(blocks):
+            s = 2 if stage > 0 and block == 0 else 1
+            convs += [(c, width, 1, 1), (width, width, 3, s), (width, co, 1, 1)]
+            convs += [(c, co, 1, s)] if s == 2 or c != co else []
+            c = co
+    return convs
+
+
+def r50_forward(ops, x, params):
+    """ResNet-50 on `x` through one framework's `ops`; `params` the (weight, bias) pairs of
+    `r50_convs()`, then the dense layer's."""
+    it = iter(params)
+
+    def conv(v, stride):
+        w, b = next(it)
+        return ops.conv(v, w, b, stride)
+
+    x, c = ops.maxpool(ops.relu(conv(x, 2))), 64
+    for stage, (width, blocks) in enumerate(zip([64, 128, 256, 512], [3, 4, 6, 3])):
+        for block in range(blocks):
+            s = 2 if stage > 0 and block == 0 else 1
+            a = ops.relu(conv(x, 1))
+            b = ops.relu(conv(a, s))
+            e = conv(b, 1)
+            skip = conv(x, s) if s == 2 or c != 4 * width else x
+            x, c = ops.relu(ops.add(e, skip)), 4 * width
+    fc, fcb = next(it)
+    return ops.dense(ops.gap(x), fc, fcb)
 
 
 def r18_forward(ops, x, params):
@@ -120,6 +157,10 @@ def data():
         "r18": [((rng.standard_normal((co, c, k, k)) * np.sqrt(2 / (c * k * k))).astype(np.float32),
                  (rng.standard_normal(co) * 0.1).astype(np.float32)) for c, co, k, _ in r18_convs()]
                + [((rng.standard_normal((512, 1000)) / np.sqrt(512)).astype(np.float32),
+                   (rng.standard_normal(1000) * 0.1).astype(np.float32))],
+        "r50": [((rng.standard_normal((co, c, k, k)) * np.sqrt(2 / (c * k * k))).astype(np.float32),
+                 (rng.standard_normal(co) * 0.1).astype(np.float32)) for c, co, k, _ in r50_convs()]
+               + [((rng.standard_normal((2048, 1000)) / np.sqrt(2048)).astype(np.float32),
                    (rng.standard_normal(1000) * 0.1).astype(np.float32))],
     }
 
@@ -201,8 +242,11 @@ def jax_suite(d):
     rx = jnp.asarray(d["rx"])
     r18_params = [(jnp.asarray(w), jnp.asarray(b)) for w, b in d["r18"]]
     r18 = jax.jit(lambda x, params: r18_forward(JaxOps, x, params))
+    r50_params = [(jnp.asarray(w), jnp.asarray(b)) for w, b in d["r50"]]
+    r50 = jax.jit(lambda x, params: r50_forward(JaxOps, x, params))
     return {
         "resnet18": lambda: ready(r18(rx, r18_params)),
+        "resnet50": lambda: ready(r50(rx, r50_params)),
         "W1": lambda: ready(w1(x)),
         "W2a": lambda: ready(w2a(x)),
         "W2b": lambda: ready(w2b(x)),
@@ -309,8 +353,12 @@ def ort_suite(d):
 
     logits = r18_forward(OnnxOps, "x", d["r18"])
     r18 = session(OnnxOps.nodes, [t("x", [R18[0], 3, R18[1], R18[1]])], [t(logits, [R18[0], 1000])], OnnxOps.inits)
+    OnnxOps.nodes, OnnxOps.inits = [], []
+    logits = r50_forward(OnnxOps, "x", d["r50"])
+    r50 = session(OnnxOps.nodes, [t("x", [R18[0], 3, R18[1], R18[1]])], [t(logits, [R18[0], 1000])], OnnxOps.inits)
     return {
         "resnet18": lambda: r18.run(None, {"x": d["rx"]}),
+        "resnet50": lambda: r50.run(None, {"x": d["rx"]}),
         "W5a": lambda: w5a.run(None, {"x": d["dx"]}),
         "W5b": lambda: w5b.run(None, {"x": d["dx"]}),
         "W6a": lambda: w6a.run(None, {"x": d["cx"]}),
@@ -365,6 +413,8 @@ def torch_suites(d):
 
     r18_params = [(torch.from_numpy(w), torch.from_numpy(b)) for w, b in d["r18"]]
     graphs["resnet18"] = (lambda x: r18_forward(TorchOps, x, r18_params), ["rx"])
+    r50_params = [(torch.from_numpy(w), torch.from_numpy(b)) for w, b in d["r50"]]
+    graphs["resnet50"] = (lambda x: r50_forward(TorchOps, x, r50_params), ["rx"])
 
     def run(f, args):
         def go():
@@ -399,7 +449,7 @@ def main():
             continue
         suites.update(made if name == "torch" else {name: made})
     env = dict(os.environ, KFUSE_THREADS=THREADS)
-    workloads = ["W1", "W2a", "W2b", "W3", "W4a", "W4b", "W5a", "W5b", "W6a", "W6b", "W7", "resnet18"]
+    workloads = ["W1", "W2a", "W2b", "W3", "W4a", "W4b", "W5a", "W5b", "W6a", "W6b", "W7", "resnet18", "resnet50"]
     per_round = {name: {} for name in list(suites) + ["kfuse"]}
     reports = []
     for r in range(args.rounds):

@@ -792,24 +792,30 @@ fn fused_against_unfused(
     Ok(json!({"id": id, "ms": fused, "unfused_ms": unfused, "speedup": unfused / fused}))
 }
 
-/// ResNet-18 for inference on `n` images of `hw`×`hw` (batchnorms folded into the
-/// convolutions' weights and biases, as an inference export leaves them), ending in 1000
-/// logits: the program and its weights, drawn by `randn` with He scaling.
-fn resnet18(
+/// ResNet-18 (`bottleneck` false: basic blocks of two 3×3 convolutions, two per stage) or
+/// ResNet-50 (true: bottleneck blocks of a 1×1 reduction, a 3×3 and a 1×1 expansion to four
+/// times the width, 3, 4, 6 and 3 per stage, the stride on the 3×3) for inference on `n`
+/// images of `hw`×`hw` (batchnorms folded into the convolutions' weights and biases, as an
+/// inference export leaves them), ending in 1000 logits: the program and its weights, drawn by
+/// `randn` with He scaling.
+fn resnet_network(
     n: usize,
     hw: usize,
+    bottleneck: bool,
     randn: &dyn Fn(&[usize], f32) -> Result<Array>,
 ) -> Result<(String, Vec<(String, Array)>)> {
     let mut text = format!("%x = input() name=\"x\" : f32[{n}, 3, {hw}, {hw}]\n");
     let mut frozen = Vec::new();
     let mut count = 0;
-    // A convolution with its folded bias: returns the result's name.
+    // A convolution with its folded bias, and a ReLU after it where `relu`: returns the
+    // result's name.
     let mut conv = |text: &mut String,
                     x: &str,
                     c: usize,
                     co: usize,
                     k: usize,
-                    s: usize|
+                    s: usize,
+                    relu: bool|
      -> Result<String> {
         count += 1;
         let (w, b, y) = (
@@ -823,35 +829,50 @@ fn resnet18(
         ));
         frozen.push((w, randn(&[co, c, k, k], (2.0 / (c * k * k) as f32).sqrt())?));
         frozen.push((b, randn(&[co, 1, 1], 0.1)?));
+        if relu {
+            text.push_str(&format!("%{y}a = relu(%{y})\n"));
+            return Ok(format!("{y}a"));
+        }
         Ok(y)
     };
-    let stem = conv(&mut text, "x", 3, 64, 7, 2)?;
-    text.push_str(&format!("%stem = relu(%{stem})\n%pool = pool2d(%stem) kind=max layout=nchw window=[3, 3] stride=[2, 2] padding=[1, 1, 1, 1] dilation=[1, 1] count_include_pad=false\n"));
+    let stem = conv(&mut text, "x", 3, 64, 7, 2, true)?;
+    text.push_str(&format!("%pool = pool2d(%{stem}) kind=max layout=nchw window=[3, 3] stride=[2, 2] padding=[1, 1, 1, 1] dilation=[1, 1] count_include_pad=false\n"));
     let mut x = "pool".to_string();
     let mut c = 64;
-    for (stage, co) in [64, 128, 256, 512].into_iter().enumerate() {
-        for block in 0..2 {
+    let (blocks, expansion) = if bottleneck {
+        ([3, 4, 6, 3], 4)
+    } else {
+        ([2, 2, 2, 2], 1)
+    };
+    for (stage, width) in [64, 128, 256, 512].into_iter().enumerate() {
+        let co = width * expansion;
+        for block in 0..blocks[stage] {
             let s = if stage > 0 && block == 0 { 2 } else { 1 };
-            let a = conv(&mut text, &x, c, co, 3, s)?;
-            text.push_str(&format!("%{a}a = relu(%{a})\n"));
-            let b = conv(&mut text, &format!("{a}a"), co, co, 3, 1)?;
-            let skip = if s == 2 {
-                conv(&mut text, &x, c, co, 1, 2)?
+            let last = if bottleneck {
+                let a = conv(&mut text, &x, c, width, 1, 1, true)?;
+                let b = conv(&mut text, &a, width, width, 3, s, true)?;
+                conv(&mut text, &b, width, co, 1, 1, false)?
+            } else {
+                let a = conv(&mut text, &x, c, co, 3, s, true)?;
+                conv(&mut text, &a, co, co, 3, 1, false)?
+            };
+            let skip = if s == 2 || c != co {
+                conv(&mut text, &x, c, co, 1, s, false)?
             } else {
                 x.clone()
             };
             let y = format!("s{stage}b{block}");
-            text.push_str(&format!("%{y}s = add(%{b}, %{skip})\n%{y} = relu(%{y}s)\n"));
+            text.push_str(&format!("%{y}s = add(%{last}, %{skip})\n%{y} = relu(%{y}s)\n"));
             x = y;
             c = co;
         }
     }
     text.push_str(&format!(
-        "%gap = reduce_mean(%{x}) axes=[2, 3]\n%fc = input() name=\"fc\" : f32[512, 1000]\n%fcb = input() name=\"fcb\" : f32[1000]\n%l = matmul(%gap, %fc)\n%logits = add(%l, %fcb)\noutput \"logits\" = %logits\n"
+        "%gap = reduce_mean(%{x}) axes=[2, 3]\n%fc = input() name=\"fc\" : f32[{c}, 1000]\n%fcb = input() name=\"fcb\" : f32[1000]\n%l = matmul(%gap, %fc)\n%logits = add(%l, %fcb)\noutput \"logits\" = %logits\n"
     ));
     frozen.push((
         "fc".to_string(),
-        randn(&[512, 1000], (1.0f32 / 512.0).sqrt())?,
+        randn(&[c, 1000], (1.0f32 / c as f32).sqrt())?,
     ));
     frozen.push(("fcb".to_string(), randn(&[1000], 0.1)?));
     Ok((text, frozen))
@@ -1088,13 +1109,16 @@ fn conv_workloads(
             false,
         )?);
     }
-    if wanted("resnet18") {
+    for (id, name, bottleneck) in [("resnet18", "ResNet-18", false), ("resnet50", "ResNet-50", true)] {
+        if !wanted(id) {
+            continue;
+        }
         // Quick: 96×96, so that the first stage still runs 24-wide rows (the Winograd kernel).
         let hw = if quick { 96 } else { 224 };
-        let (program, frozen) = resnet18(n, hw, &randn)?;
+        let (program, frozen) = resnet_network(n, hw, bottleneck, &randn)?;
         let mut row = fused_against_unfused(
-            "resnet18",
-            &format!("ResNet-18 inference, {n}x3x{hw}x{hw}"),
+            id,
+            &format!("{name} inference, {n}x3x{hw}x{hw}"),
             &program,
             &frozen,
             (cache, runs, as_json),
@@ -1106,7 +1130,7 @@ fn conv_workloads(
         let want = kfuse::run_graph(&graph, &case.inputs, &CustomOps::new())?;
         let error = relative_error(&got[0].1, &want[0].1);
         if !as_json {
-            println!("resnet18: logits within {error:.1e} of the reference interpreter's (relative to the largest)");
+            println!("{id}: logits within {error:.1e} of the reference interpreter's (relative to the largest)");
         }
         row["max_rel_error"] = json!(error);
         rows.push(row);

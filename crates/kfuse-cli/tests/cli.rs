@@ -820,6 +820,7 @@ fn bench_quick_reports_every_workload() {
         "resnet",
         "resnet7",
         "resnet18",
+        "resnet50",
     ] {
         assert!(
             report["convolutions"]
@@ -830,15 +831,17 @@ fn bench_quick_reports_every_workload() {
             "{id} missing"
         );
     }
-    // The whole of ResNet-18 in fast numerics against the reference interpreter.
-    let resnet18 = report["convolutions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["id"] == "resnet18")
-        .unwrap();
-    let error = resnet18["max_rel_error"].as_f64().unwrap();
-    assert!(error < 1e-4, "ResNet-18's logits off by {error}");
+    // The whole of ResNet-18 and ResNet-50 in fast numerics against the reference interpreter.
+    for id in ["resnet18", "resnet50"] {
+        let network = report["convolutions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .unwrap();
+        let error = network["max_rel_error"].as_f64().unwrap();
+        assert!(error < 1e-4, "{id}'s logits off by {error}");
+    }
     assert_eq!(report["cost_model_case"].as_array().unwrap().len(), 2);
     // The bias alone, then ReLU, sigmoid, tanh, both forms of GELU and ReLU6.
     assert_eq!(report["activations"].as_array().unwrap().len(), 7);
