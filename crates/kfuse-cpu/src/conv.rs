@@ -581,8 +581,21 @@ fn small_pointwise(g: &Geometry) -> bool {
 /// `gemm` stays ahead on 7×7 images (8×512×7×7 → 2048: 2.23 against 2.73) and where either
 /// side has few channels, which is bound by memory (8×144×56×56 → 24: 0.39 against 0.62;
 /// 8×24×56×56 → 144: 0.42 against 0.49).
+///
+/// At a stride (ResNet's down-sampling shortcuts) the band's copy takes every stride-th pixel,
+/// where im2col took the same pixels as its columns: 8×64×56×56 → 128 at stride 2 (ResNet-18)
+/// 0.30–0.32 against 0.36–0.37 ms, 8×128×28×28 → 256 0.28 against 0.35, 8×256×56×56 → 512
+/// (ResNet-50) 4.27–4.42 against 4.38–4.40, 8×512×28×28 → 1024 4.28–4.29 against 4.38–4.40.
+/// (Past 256 input channels a block's 48 positions of every channel no longer fit in L1, and
+/// the microkernel's lead shrinks.)
 fn wide_pointwise(g: &Geometry) -> bool {
-    g.is_pointwise()
+    // At a stride, the output is every stride-th pixel of the input, with no padding.
+    let strided = g.kh == 1
+        && g.kw == 1
+        && g.pad == [0, 0]
+        && g.y[2] == (g.x[2].max(1) - 1) / g.stride[0] + 1
+        && g.y[3] == (g.x[3].max(1) - 1) / g.stride[1] + 1;
+    (g.is_pointwise() || strided)
         && g.groups == 1
         && g.layout == Layout::Nchw
         && g.x[1] >= 64
@@ -1276,5 +1289,9 @@ mod routes {
         assert_eq!(route(8, 512, 2048, 7, 1, 1), Route::Im2col);
         assert_eq!(route(8, 144, 24, 56, 1, 1), Route::Im2col);
         assert_eq!(route(8, 24, 144, 56, 1, 1), Route::Im2col);
+        // Down-sampling shortcuts onto 14×14 and larger outputs.
+        assert_eq!(route(8, 64, 128, 56, 1, 2), Route::Pointwise);
+        assert_eq!(route(8, 512, 1024, 28, 1, 2), Route::Pointwise);
+        assert_eq!(route(8, 1024, 2048, 14, 1, 2), Route::Im2col);
     }
 }

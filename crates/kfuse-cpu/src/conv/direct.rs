@@ -1125,22 +1125,36 @@ fn separable_stored(
     );
 }
 
-/// A plain 1×1 convolution (`g`: stride 1, no padding, one group) of f32 NCHW on AVX-512 as
-/// the separable block's pointwise half, on a copy of each band's input rows.
+/// A 1×1 convolution (`g`: no padding, one group, any stride, its output rows
+/// `(h - 1) / stride + 1` of the input's) of f32 NCHW on AVX-512 as the separable block's
+/// pointwise half, on a copy of each band's input rows: at a stride, of the pixels it reads.
 pub(super) fn pointwise(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
     let [_, c, _, w] = g.x;
+    let ow = g.y[3];
+    let [sh, sw] = g.stride;
     let fill = |n: usize,
                 band: std::ops::Range<usize>,
                 chans: std::ops::Range<usize>,
                 tile: &mut [f32],
                 plane: usize,
                 _: &mut [f32]| {
-        let p = band.len() * w;
+        let p = band.len() * ow;
         for (k, ch) in chans.enumerate() {
-            tile[k * plane..][..p].copy_from_slice(&xs[g.x_offset(n, ch, band.start, 0)..][..p]);
+            if sh == 1 && sw == 1 {
+                let rows = &xs[g.x_offset(n, ch, band.start, 0)..][..p];
+                tile[k * plane..][..p].copy_from_slice(rows);
+                continue;
+            }
+            for (i, r) in band.clone().enumerate() {
+                let row = &xs[g.x_offset(n, ch, r * sh, 0)..][..w];
+                let dst = &mut tile[k * plane + i * ow..][..ow];
+                for (x, d) in dst.iter_mut().enumerate() {
+                    *d = row[x * sw];
+                }
+            }
         }
     };
-    let row_bytes = c * w * std::mem::size_of::<f32>();
+    let row_bytes = c * ow * std::mem::size_of::<f32>();
     let stream = std::mem::size_of_val(y) >= crate::c::STREAM_MIN_BYTES;
     let dims = [g.x[0], c, g.y[2], g.y[3]];
     pointwise_bands(
