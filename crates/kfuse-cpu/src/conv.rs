@@ -505,6 +505,10 @@ impl Route {
             Route::Pointwise if small_pointwise(g) => {
                 "the direct 8×48 microkernel as a 1×1 convolution, each small image in two phases over the threads".into()
             }
+            Route::Pointwise if g.stride != [1, 1] => format!(
+                "the direct 8×48 microkernel as a 1×1 convolution, on a copy of every {}×{} pixel of each band's input rows",
+                g.stride[0], g.stride[1]
+            ),
             Route::Pointwise => {
                 "the direct 8×48 microkernel as a 1×1 convolution, on a copy of each band's input rows".into()
             }

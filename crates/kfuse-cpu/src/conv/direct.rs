@@ -53,8 +53,9 @@ pub(super) const QB: usize = 16 * NV;
 
 /// Whether `g` runs here: NCHW, a kernel larger than 1×1, on a CPU with AVX-512. A strided
 /// convolution runs on the band's phase planes (see [`Grid`]); a strided 1×1 convolution
-/// stays on im2col, whose columns are then only the pixels it reads (8×64×56×56 → 128 at
-/// stride 2: 0.38–0.40 ms, against 0.46–0.47 ms here).
+/// does not (8×64×56×56 → 128 at stride 2 took 0.46–0.47 ms here, against 0.38–0.40 on
+/// im2col, whose columns are only the pixels it reads): it runs on [`pointwise`] over a copy
+/// of those pixels (`conv::wide_pointwise`), or on im2col.
 pub(super) fn applies(g: &Geometry) -> bool {
     g.layout == Layout::Nchw && g.kh * g.kw > 1 && has_avx512()
 }
