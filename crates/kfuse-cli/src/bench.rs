@@ -862,7 +862,9 @@ fn resnet_network(
                 x.clone()
             };
             let y = format!("s{stage}b{block}");
-            text.push_str(&format!("%{y}s = add(%{last}, %{skip})\n%{y} = relu(%{y}s)\n"));
+            text.push_str(&format!(
+                "%{y}s = add(%{last}, %{skip})\n%{y} = relu(%{y}s)\n"
+            ));
             x = y;
             c = co;
         }
@@ -1109,7 +1111,10 @@ fn conv_workloads(
             false,
         )?);
     }
-    for (id, name, bottleneck) in [("resnet18", "ResNet-18", false), ("resnet50", "ResNet-50", true)] {
+    for (id, name, bottleneck) in [
+        ("resnet18", "ResNet-18", false),
+        ("resnet50", "ResNet-50", true),
+    ] {
         if !wanted(id) {
             continue;
         }

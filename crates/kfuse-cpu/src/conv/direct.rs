@@ -792,9 +792,8 @@ unsafe fn store_whole<const BIAS: bool, const V: usize>(
         }
     };
     // Streamed only when every vector is 64-byte aligned, so that the stores are straight-line.
-    let stream = finish.stream
-        && (dst.ptr as usize).is_multiple_of(64)
-        && dst.stride.is_multiple_of(16);
+    let stream =
+        finish.stream && (dst.ptr as usize).is_multiple_of(64) && dst.stride.is_multiple_of(16);
     // Each arm names its activation's variant, so that its match folds away.
     // SAFETY (all arms): forwarded from the caller, whose features `apply` runs with.
     unsafe {
@@ -806,11 +805,9 @@ unsafe fn store_whole<const BIAS: bool, const V: usize>(
             Some(InRegisters::Clamp { lo, hi }) => store_each(acc, dst, stream, |o, v| {
                 InRegisters::Clamp { lo, hi }.apply(biased(o, v))
             }),
-            Some(InRegisters::HardSwish { divide_last }) => {
-                store_each(acc, dst, stream, |o, v| {
-                    InRegisters::HardSwish { divide_last }.apply(biased(o, v))
-                })
-            }
+            Some(InRegisters::HardSwish { divide_last }) => store_each(acc, dst, stream, |o, v| {
+                InRegisters::HardSwish { divide_last }.apply(biased(o, v))
+            }),
         }
     }
 }
