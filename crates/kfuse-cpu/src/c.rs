@@ -772,7 +772,7 @@ fn packed_loads(kernel: &Kernel, levels: &[Level]) -> Vec<Packed> {
 }
 
 /// The tile of outer × inner iterations `kernel`'s loops run in, if they run in tiles (see
-/// [`tiles`]): for `kfuse explain`.
+/// `tiles`): for `kfuse explain`.
 pub fn tile_shape(kernel: &Kernel) -> Option<[usize; 2]> {
     let levels = kernel.levels();
     let (roots, inner_stores) = pass_roots(kernel, &levels);
