@@ -593,13 +593,12 @@ fn small_pointwise(g: &Geometry) -> bool {
 /// (Past 256 input channels a block's 48 positions of every channel no longer fit in L1, and
 /// the microkernel's lead shrinks.)
 fn wide_pointwise(g: &Geometry) -> bool {
-    // At a stride, the output is every stride-th pixel of the input, with no padding.
-    let strided = g.kh == 1
+    // The output is every stride-th pixel of the input (all of them at stride 1): no padding.
+    g.kh == 1
         && g.kw == 1
         && g.pad == [0, 0]
         && g.y[2] == (g.x[2].max(1) - 1) / g.stride[0] + 1
-        && g.y[3] == (g.x[3].max(1) - 1) / g.stride[1] + 1;
-    (g.is_pointwise() || strided)
+        && g.y[3] == (g.x[3].max(1) - 1) / g.stride[1] + 1
         && g.groups == 1
         && g.layout == Layout::Nchw
         && g.x[1] >= 64
