@@ -1,5 +1,6 @@
 //! `conv::conv2d` alone on ResNet- and MobileNet-style shapes (f32 NCHW, batch 8 unless noted,
-//! no epilogue), with the routine each runs on: the median of 20 runs, in ms and GFLOP/s.
+//! no epilogue, weights registered as constants), with the routine each runs on: the median of
+//! 20 runs, in ms and GFLOP/s.
 //!
 //! `cargo run --release -p kfuse-cpu --example conv_shapes`
 
@@ -21,6 +22,8 @@ fn main() {
         (1, 64, 128, 56, 3, 2),
         (8, 64, 128, 56, 1, 2),
         (8, 64, 64, 14, 3, 1),
+        (8, 512, 512, 14, 3, 2),
+        (8, 1024, 2048, 14, 1, 2),
     ];
     for (n, c, co, hw, k, s) in shapes {
         let p = k / 2;
@@ -42,6 +45,9 @@ fn main() {
             dilation: [1, 1],
             groups: 1,
         };
+        // Registered as constant, as the runner registers a program's weights: the direct
+        // kernels keep their packed copy from call to call.
+        let _constant = kfuse_cpu::constants::register([&w]);
         let (xd, wd, yd) = ([n, c, hw, hw], [co, c, k, k], [n, co, o, o]);
         let mut y = Storage::F32(vec![0.0; n * co * o * o]);
         let mut times: Vec<f64> = (0..21)

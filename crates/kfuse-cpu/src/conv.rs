@@ -515,6 +515,10 @@ impl Route {
             Route::Winograd => {
                 "Winograd F(2×2, 3×3): input and output transforms around 16 GEMMs on the direct 8×48 microkernel (16 multiplications per 2×2 outputs where direct takes 36)".into()
             }
+            Route::Direct if direct::on_tap_planes(g) => format!(
+                "the direct 8×48 microkernel over tap planes of each band's input (one per row phase and tap column, as wide as the output rows; stride {}×{})",
+                g.stride[0], g.stride[1]
+            ),
             Route::Direct if g.stride != [1, 1] => format!(
                 "the direct 8×48 microkernel over {}×{} phase planes of each band's input (every tap a fixed offset)",
                 g.stride[0], g.stride[1]
@@ -1258,8 +1262,8 @@ mod routes {
     }
 
     /// ResNet-18's convolutions take the routines measured fastest for them (see
-    /// `direct::leads`, `winograd::applies`): strided ones onto 14×14 and larger outputs on
-    /// the phase planes, onto 7×7 on im2col.
+    /// `direct::leads`, `direct::TAP_PLANES_BELOW`, `winograd::applies`): strided ones onto
+    /// 28×28 and larger outputs on the phase planes, onto 14×14 and 7×7 on tap planes.
     #[test]
     fn resnet_convolutions_take_their_routines() {
         if !crate::dense::has_avx512() {
@@ -1273,10 +1277,12 @@ mod routes {
         assert_eq!(route(8, 64, 128, 56, 3, 2), Route::Direct);
         assert_eq!(route(8, 128, 256, 28, 3, 2), Route::Direct);
         assert_eq!(route(8, 256, 256, 14, 3, 1), Route::Direct);
-        assert_eq!(route(8, 256, 512, 14, 3, 2), Route::Im2col);
-        assert_eq!(route(1, 256, 512, 14, 3, 2), Route::Im2col);
+        assert_eq!(route(8, 256, 512, 14, 3, 2), Route::Direct);
+        assert_eq!(route(1, 256, 512, 14, 3, 2), Route::Direct);
         assert_eq!(route(8, 512, 512, 7, 3, 1), Route::Direct);
-        assert_eq!(route(8, 256, 512, 14, 1, 2), Route::Im2col);
+        assert_eq!(route(8, 256, 512, 14, 1, 2), Route::Direct);
+        // Few channels: a strided 1×1 convolution stays on im2col.
+        assert_eq!(route(8, 32, 64, 14, 1, 2), Route::Im2col);
     }
 
     /// 1×1 convolutions run on the direct microkernel where it was measured faster than the
@@ -1292,9 +1298,10 @@ mod routes {
         assert_eq!(route(8, 512, 2048, 7, 1, 1), Route::Im2col);
         assert_eq!(route(8, 144, 24, 56, 1, 1), Route::Im2col);
         assert_eq!(route(8, 24, 144, 56, 1, 1), Route::Im2col);
-        // Down-sampling shortcuts onto 14×14 and larger outputs.
+        // Down-sampling shortcuts onto 14×14 and larger outputs; onto 7×7, the direct
+        // kernel's tap planes.
         assert_eq!(route(8, 64, 128, 56, 1, 2), Route::Pointwise);
         assert_eq!(route(8, 512, 1024, 28, 1, 2), Route::Pointwise);
-        assert_eq!(route(8, 1024, 2048, 14, 1, 2), Route::Im2col);
+        assert_eq!(route(8, 1024, 2048, 14, 1, 2), Route::Direct);
     }
 }

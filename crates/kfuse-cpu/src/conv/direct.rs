@@ -51,31 +51,60 @@ const NV: usize = 3;
 /// Positions per microkernel block.
 pub(super) const QB: usize = 16 * NV;
 
-/// Whether `g` runs here: NCHW, a kernel larger than 1×1, on a CPU with AVX-512. A strided
-/// convolution runs on the band's phase planes (see [`Grid`]); a strided 1×1 convolution
-/// does not (8×64×56×56 → 128 at stride 2 took 0.46–0.47 ms here, against 0.38–0.40 on
-/// im2col, whose columns are only the pixels it reads): it runs on [`pointwise`] over a copy
-/// of those pixels (`conv::wide_pointwise`), or on im2col.
+/// Whether `g` runs here: NCHW on a CPU with AVX-512, a kernel larger than 1×1 or a strided
+/// 1×1 convolution onto a narrow output (see [`on_tap_planes`]) of at least 64 channels in
+/// and out. A strided convolution runs on the band's phase planes (see [`Grid`]) or, onto
+/// outputs narrower than [`TAP_PLANES_BELOW`], on tap planes ([`TapPlanes`]). Strided 1×1
+/// convolutions onto wider outputs run on [`pointwise`] over a copy of the pixels they read
+/// (`conv::wide_pointwise`), or on im2col: on phase planes 8×64×56×56 → 128 at stride 2 took
+/// 0.46–0.47 ms, against 0.38–0.40 on im2col, whose columns are only the pixels it reads.
 pub(super) fn applies(g: &Geometry) -> bool {
-    g.layout == Layout::Nchw && g.kh * g.kw > 1 && has_avx512()
+    let strided_pointwise = on_tap_planes(g) && g.x[1] >= 64 && g.y[1] >= 64;
+    g.layout == Layout::Nchw && (g.kh * g.kw > 1 || strided_pointwise) && has_avx512()
 }
 
 /// Whether `g`, which [`applies`], is better here than on im2col: all but the strided
-/// convolutions whose output planes are under two blocks of positions, where the phase planes' extra
-/// column and the last block's empty lanes cost more than the columns' copy: ResNet-18's
-/// 8×256×14×14 → 512 3×3 at stride 2 (7×7 outputs) took 4.8–5.4 ms here with its weights
-/// packed once, 3.5–3.8 ms on im2col, in the whole network (1×256×14×14: 2.5 against 1.5–1.7
-/// ms, weights packed at each call; 8×128×28×28 → 256 at stride 4: 1.5–1.7 against 1.1–1.4).
-/// At 14×14 outputs (8×128×28×28 → 256 at stride 2) this kernel leads, 3.3–3.5 against
-/// 3.9–6.0 ms.
+/// convolutions onto outputs of fewer than two blocks of positions on phase planes, whose
+/// extra column and last block's empty lanes cost more than the columns' copy (a strided
+/// convolution onto such an output runs on tap planes, which lead).
 pub(super) fn leads(g: &Geometry) -> bool {
-    g.stride == [1, 1] || g.y[2] * g.y[3] >= 2 * QB
+    g.stride == [1, 1] || g.y[2] * g.y[3] >= 2 * QB || on_tap_planes(g)
+}
+
+/// Output rows narrower than this take a strided convolution onto tap planes rather than
+/// phase planes. Tap planes copy `kw / sw` times the input (1.5 times at 3×3, stride 2, where
+/// phase planes copy it once), but compute no padding column and store straight to the
+/// output, its last few positions on the tail kernel. `conv::conv2d` alone, weights
+/// registered as constants, two threads, ms, phase planes (or im2col, which `leads` chose for
+/// 7×7 outputs) against tap planes, two runs each:
+///
+/// | shape, 3×3 at stride 2 unless noted | before | tap planes |
+/// |---|---|---|
+/// | 8×128×56×56 → 128 (28 wide) | 5.08–5.12 | 5.36–5.37 |
+/// | 8×64×56×56 → 128 (28 wide) | 2.39–2.53 | 2.38–2.46 |
+/// | 8×256×28×28 → 256 (14 wide) | 5.29–5.57 | 4.82–4.93 |
+/// | 8×512×14×14 → 512 (7 wide, im2col) | 6.64–6.65 | 4.98 |
+/// | 8×256×14×14 → 512 (7 wide, im2col) | 3.31 | 2.41 |
+/// | 1×512×14×14 → 512 (7 wide, im2col) | 2.92–2.93 | 1.14–1.18 |
+/// | 8×128×28×28 → 256 at stride 4 (im2col) | 0.96 | 0.77 |
+/// | 8×1024×14×14 → 2048, 1×1 (im2col) | 4.77–4.95 | 4.05–4.13 |
+/// | 8×256×14×14 → 512, 1×1 (im2col) | 0.36–0.37 | 0.30 |
+///
+/// The stem (8×3×224×224 → 64, 7×7 at stride 2, 112 wide) ran alike on either, 4.8–4.9 ms.
+const TAP_PLANES_BELOW: usize = 28;
+
+/// Whether strided `g` runs on tap planes: see [`TAP_PLANES_BELOW`].
+pub(super) fn on_tap_planes(g: &Geometry) -> bool {
+    g.stride != [1, 1] && g.y[3] < TAP_PLANES_BELOW
 }
 
 /// The convolution of `g` into `y`, with the epilogue. Call only where [`applies`] holds.
 pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
     if g.stride == [1, 1] && g.y[3] == g.x[3] {
         return conv_same_width(g, xs, ws, y, post);
+    }
+    if on_tap_planes(g) {
+        return conv_copied(g, xs, ws, y, post, &Copied::TapPlanes(TapPlanes::new(g)));
     }
     let [n_images, c_out, oh, ow] = g.y;
     let (in_registers, rest) = split(post);
@@ -89,9 +118,29 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
     // the epilogue is left for the copy.
     let stream = rest.is_empty() && std::mem::size_of_val(y) >= crate::c::STREAM_MIN_BYTES;
     let out = Out(y.as_mut_ptr());
+    let row_bytes = (cg + og) * pw * std::mem::size_of::<f32>();
+    let band_rows = super::band_rows(n_images, oh, row_bytes);
+    let bands = oh.div_ceil(band_rows);
+    let threads = crate::Pool::global().threads();
+    let [_, c_in, _, in_w] = g.x;
     let job = |n: usize, band: std::ops::Range<usize>| {
         let (r0, rows) = (band.start, band.len());
         let ph = grid.rows(rows);
+        // The band this thread is likely to take next (the threads claim tasks in turn): its
+        // input rows are asked for into L2 as the blocks run, so that the next fill reads less
+        // from memory. One thread, alternating runs: 8×128×56×56 → 128 at stride 2
+        // 10.88–10.93 → 10.14–10.32 ms, the 7×7 stem 9.89–10.07 → 9.37–9.59.
+        let next = n * bands + r0 / band_rows + threads;
+        let ahead: Vec<&[f32]> = if next < n_images * bands {
+            let (n2, b2) = (next / bands, next % bands);
+            let (lo, hi) = g.rows_read(&(b2 * band_rows..((b2 + 1) * band_rows).min(oh)));
+            (0..c_in)
+                .filter(|_| lo < hi)
+                .map(|ch| &xs[g.x_offset(n2, ch, lo, 0)..][..(hi - lo) * in_w])
+                .collect()
+        } else {
+            Vec::new()
+        };
         // Positions computed: whole blocks covering the band's last valid pixel. Reads reach
         // `q_blocks - 1` past a tap's offset, at most `ph * pw + QB - 1` into its phase plane,
         // hence the plane's tail.
@@ -124,7 +173,7 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                             in_registers.bias.map(|b| &b[group * og..][..og]),
                             InRegisters::of(in_registers.act),
                             false,
-                            &[],
+                            if group == 0 { &ahead } else { &[] },
                         )
                     };
                     // The rest of the epilogue is applied as each row is copied out.
@@ -156,12 +205,7 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
             },
         )
     };
-    for_each_band(
-        n_images,
-        oh,
-        (cg + og) * pw * std::mem::size_of::<f32>(),
-        &job,
-    );
+    for_each_band(n_images, oh, row_bytes, &job);
 }
 
 /// The convolution of `g` into `y` where output rows are as wide as input rows: the module's
@@ -171,9 +215,150 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
 /// microkernel then reads 64 channel planes 12.5 KB apart, from memory, where the copy puts
 /// the band's planes next to each other in L2.
 fn conv_same_width(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
+    conv_copied(g, xs, ws, y, post, &Copied::Rows)
+}
+
+/// How [`conv_copied`] lays out a band's copy of its input.
+enum Copied {
+    /// Output rows as wide as input rows: the band's input rows, whole, one plane per channel
+    /// ([`conv_same_width`]).
+    Rows,
+    /// A strided convolution on tap planes ([`TapPlanes`]).
+    TapPlanes(TapPlanes),
+}
+
+/// A strided convolution's "tap planes": per band, each input channel is copied into one
+/// plane per row phase `a` of the stride (those the filter rows read) and tap column `j`,
+/// `ow` wide, plane `(a, j)` holding at `(R, x)` input pixel `(R·sh + a - pad_top, x·sw + j·dw
+/// - pad_left)`, zero outside the image. Tap `(i, j)`, with `i·dh = u·sh + a`, reads output
+/// pixel `(r, x)`'s input at `(r + u, x)` of plane `(a, j)`: a fixed offset on a grid exactly as
+/// wide as the output, every lane inside it. So the blocks' positions are the output's own,
+/// they store straight to the output rows, and a band's last few positions take the tail
+/// kernel, as in [`conv_same_width`]. The copy is `kw / sw` times the input's pixels.
+struct TapPlanes {
+    /// The row phases the filter rows read, in order.
+    phases: Vec<usize>,
+    /// Per filter row: its phase's index in `phases` and the rows it reaches below the output
+    /// row (`u`).
+    rows: Vec<(usize, usize)>,
+    /// Per tap column: the output columns whose input column lies in the row, and the first
+    /// of those input columns.
+    columns: Vec<(std::ops::Range<usize>, usize)>,
+}
+
+impl TapPlanes {
+    fn new(g: &Geometry) -> TapPlanes {
+        let ([sh, sw], [dh, dw], pl) = (g.stride, g.dilation, g.pad[1]);
+        let (in_w, ow) = (g.x[3], g.y[3]);
+        let mut phases: Vec<usize> = (0..g.kh).map(|i| i * dh % sh).collect();
+        phases.sort_unstable();
+        phases.dedup();
+        let rows = (0..g.kh)
+            .map(|i| {
+                let a = i * dh % sh;
+                (
+                    phases.iter().position(|&p| p == a).unwrap_or(0),
+                    i * dh / sh,
+                )
+            })
+            .collect();
+        let columns = (0..g.kw)
+            .map(|j| {
+                let lo = pl.saturating_sub(j * dw).div_ceil(sw).min(ow);
+                let hi = (in_w + pl)
+                    .saturating_sub(j * dw)
+                    .div_ceil(sw)
+                    .clamp(lo, ow);
+                (lo..hi, (lo * sw + j * dw).saturating_sub(pl))
+            })
+            .collect();
+        TapPlanes {
+            phases,
+            rows,
+            columns,
+        }
+    }
+
+    /// Planes per channel.
+    fn planes(&self) -> usize {
+        self.phases.len() * self.columns.len()
+    }
+
+    /// Rows each plane holds for a band of `rows` output rows.
+    fn height(&self, rows: usize) -> usize {
+        rows + self.rows.iter().map(|r| r.1).max().unwrap_or(0)
+    }
+
+    /// Per tap, row-major: its offset into a channel's planes of `height` rows of `ow`.
+    fn offsets(&self, height: usize, ow: usize) -> Vec<isize> {
+        let kw = self.columns.len();
+        self.rows
+            .iter()
+            .flat_map(|&(p, u)| (0..kw).map(move |j| (((p * kw + j) * height + u) * ow) as isize))
+            .collect()
+    }
+
+    /// Copies the planes of `group`'s channels of image `n` for output rows `r0..` into `xb`,
+    /// `chan` apart, each plane `height` rows of `ow`: channel by channel, each channel's rows
+    /// in order (one run of memory), the next channel's rows asked for meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    fn fill(
+        &self,
+        g: &Geometry,
+        xs: &[f32],
+        n: usize,
+        group: usize,
+        r0: usize,
+        height: usize,
+        chan: usize,
+        xb: &mut [f32],
+    ) {
+        let ([sh, sw], pt) = (g.stride, g.pad[0]);
+        let [_, _, in_h, in_w] = g.x;
+        let (ow, cg, kw) = (g.y[3], g.in_channels_per_group(), self.columns.len());
+        let h_lo = (r0 * sh).saturating_sub(pt).min(in_h);
+        let h_hi = ((r0 + height) * sh).saturating_sub(pt).min(in_h);
+        for ci in 0..cg {
+            if ci + 1 < cg && h_lo < h_hi {
+                let next = g.x_offset(n, group * cg + ci + 1, h_lo, 0);
+                super::shifted::prefetch(&xs[next..][..(h_hi - h_lo) * in_w]);
+            }
+            for rr in 0..height {
+                for (pa, &a) in self.phases.iter().enumerate() {
+                    let h = ((r0 + rr) * sh + a).checked_sub(pt).filter(|&h| h < in_h);
+                    for (j, (cols, first)) in self.columns.iter().enumerate() {
+                        let dst = &mut xb[ci * chan + ((pa * kw + j) * height + rr) * ow..][..ow];
+                        match h {
+                            Some(h) if !cols.is_empty() => {
+                                dst[..cols.start].fill(0.0);
+                                dst[cols.end..].fill(0.0);
+                                let src = &xs[g.x_offset(n, group * cg + ci, h, *first)..];
+                                super::shifted::every_nth(&mut dst[cols.clone()], src, sw);
+                            }
+                            _ => dst.fill(0.0),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The convolution of `g` into `y` on a band's copy of its input laid out as `copied` says:
+/// the blocks' positions are the band's output pixels, `q = r * ow + x`, stored straight to
+/// the output rows.
+fn conv_copied(
+    g: &Geometry,
+    xs: &[f32],
+    ws: &[f32],
+    y: &mut [f32],
+    post: Post<f32>,
+    copied: &Copied,
+) {
     let [n_images, c_out, oh, ow] = g.y;
     let [_, c_in, in_h, in_w] = g.x;
-    assert!(xs.len() >= n_images * c_in * in_h * in_w && in_w == ow);
+    assert!(xs.len() >= n_images * c_in * in_h * in_w);
+    assert!(matches!(copied, Copied::TapPlanes(_)) || in_w == ow);
     let (in_registers, rest) = split(post);
     let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
     let [dh, dw] = g.dilation;
@@ -208,8 +393,16 @@ fn conv_same_width(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
         let valid = rows * ow;
         // The input rows the band reads, `ph` from `r0 - pad_top`, one plane per channel. Rows
         // outside the image are left as they are: no lane reads them.
-        let ph = rows + (g.kh - 1) * dh;
-        let plane = ph * in_w + 16;
+        let (ph, plane, offsets) = match copied {
+            Copied::Rows => {
+                let ph = rows + (g.kh - 1) * dh;
+                (ph, ph * in_w + 16, offsets.clone())
+            }
+            Copied::TapPlanes(tp) => {
+                let ph = tp.height(rows);
+                (ph, tp.planes() * ph * ow + QB, tp.offsets(ph, ow))
+            }
+        };
         let (lo, hi) = (
             r0.saturating_sub(pt),
             (r0 + ph).saturating_sub(pt).min(in_h),
@@ -220,8 +413,10 @@ fn conv_same_width(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
         // column lands in the image, if its input row does. Testing each lane's row and column
         // (divided out of its position) took about 5% of W7's time.
         let blocks = valid.div_ceil(QB);
-        let mut masks = vec![[0u16; NV]; blocks * shifts.len()];
-        for (t, &(di, dj)) in shifts.iter().enumerate() {
+        let every = matches!(copied, Copied::TapPlanes(_));
+        // On tap planes every lane reads a pixel of the copy.
+        let mut masks = vec![[if every { u16::MAX } else { 0 }; NV]; blocks * shifts.len()];
+        for (t, &(di, dj)) in shifts.iter().enumerate().filter(|_| !every) {
             let lo = (-dj).max(0) as usize;
             let hi = (in_w as isize - dj).clamp(0, ow as isize) as usize;
             for rr in 0..rows {
@@ -241,11 +436,17 @@ fn conv_same_width(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
         }
         with_scratch(cg * plane, |xb: &mut [f32]| {
             for group in 0..g.groups {
-                if lo < hi {
-                    for ci in 0..cg {
-                        let src = &xs[g.x_offset(n, group * cg + ci, lo, 0)..][..(hi - lo) * in_w];
-                        xb[ci * plane + (lo + pt - r0) * in_w..][..src.len()].copy_from_slice(src);
+                match copied {
+                    Copied::Rows if lo < hi => {
+                        for ci in 0..cg {
+                            let src =
+                                &xs[g.x_offset(n, group * cg + ci, lo, 0)..][..(hi - lo) * in_w];
+                            xb[ci * plane + (lo + pt - r0) * in_w..][..src.len()]
+                                .copy_from_slice(src);
+                        }
                     }
+                    Copied::Rows => {}
+                    Copied::TapPlanes(tp) => tp.fill(g, xs, n, group, r0, ph, plane, xb),
                 }
                 let dst = Dst {
                     ptr: out
@@ -361,10 +562,14 @@ fn conv_same_width(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
         });
         return;
     }
+    let row_bytes = match copied {
+        Copied::Rows => cg * in_w,
+        Copied::TapPlanes(tp) => cg * tp.planes() * ow,
+    } * std::mem::size_of::<f32>();
     for_each_band_fitted(
         n_images,
         oh,
-        cg * in_w * std::mem::size_of::<f32>(),
+        row_bytes,
         |rows| fit_rows(rows, ow, oh),
         &|n, band| job(n, band, 0..all_blocks),
     );
@@ -1585,6 +1790,60 @@ mod tests {
             // 16.8 MB of output: copied out of the stage with streaming stores.
             (1, 1, 64, 512, 512, 3, 3, [2, 2], [1, 1], 1, [1, 1, 1, 1]),
         ]);
+    }
+
+    /// Strided convolutions onto rows of at least [`TAP_PLANES_BELOW`] run on phase planes,
+    /// narrower ones on tap planes: both sides of that line, odd sizes, a 5×5 filter with
+    /// uneven padding, dilation, stride 3 and unequal strides, groups, strided 1×1
+    /// convolutions with and without padding, last blocks of a few positions (the tail
+    /// kernel), and small images at batch 1 (whose tasks split the output channels).
+    #[test]
+    fn strided_convolutions_on_either_planes_match_their_sums() {
+        let cases = [
+            (1, 4, 8, 61, 59, 3, 3, [2, 2], [1, 1], 1, [1, 1, 1, 1]),
+            (1, 3, 10, 40, 63, 5, 5, [2, 2], [1, 1], 1, [2, 1, 2, 0]),
+            (1, 4, 8, 64, 60, 3, 3, [2, 2], [2, 2], 1, [2, 2, 2, 2]),
+            (2, 6, 12, 29, 55, 3, 3, [2, 2], [1, 1], 2, [1, 1, 1, 1]),
+            (2, 6, 12, 29, 53, 3, 3, [2, 2], [1, 1], 2, [1, 1, 1, 1]),
+            (2, 5, 9, 21, 33, 5, 5, [3, 3], [1, 1], 1, [2, 2, 1, 1]),
+            (1, 4, 8, 17, 40, 3, 3, [1, 2], [1, 1], 1, [1, 1, 1, 1]),
+            (1, 4, 8, 40, 17, 3, 3, [2, 1], [1, 1], 1, [0, 1, 2, 0]),
+            (1, 16, 40, 14, 14, 3, 3, [2, 2], [1, 1], 1, [1, 1, 1, 1]),
+            (3, 16, 24, 13, 13, 3, 3, [2, 2], [1, 1], 1, [1, 1, 1, 1]),
+            (2, 8, 16, 31, 31, 3, 3, [2, 2], [1, 1], 1, [1, 1, 1, 1]),
+            (2, 64, 72, 13, 15, 1, 1, [2, 2], [1, 1], 1, [0, 0, 0, 0]),
+            (1, 64, 64, 14, 14, 1, 1, [2, 2], [1, 1], 1, [1, 0, 1, 0]),
+            (1, 64, 80, 11, 9, 1, 1, [3, 2], [1, 1], 1, [0, 0, 0, 0]),
+        ];
+        let (mut phase, mut tap) = (0, 0);
+        for case in &cases {
+            let (n, c, co, h, w, kh, kw, stride, dilation, groups, pad) = *case;
+            let attrs = Conv2dAttrs {
+                layout: Layout::Nchw,
+                stride,
+                padding: pad,
+                dilation,
+                groups,
+            };
+            let oh = (h + pad[0] + pad[1] - dilation[0] * (kh - 1) - 1) / stride[0] + 1;
+            let ow = (w + pad[2] + pad[3] - dilation[1] * (kw - 1) - 1) / stride[1] + 1;
+            let g = Geometry::new(
+                &[n, c, h, w],
+                &[co, c / groups, kh, kw],
+                &attrs,
+                &[n, co, oh, ow],
+            );
+            if on_tap_planes(&g) {
+                tap += 1;
+            } else {
+                phase += 1;
+            }
+        }
+        assert!(
+            phase >= 4 && tap >= 8,
+            "{phase} on phase planes, {tap} on tap planes"
+        );
+        check_against_sums(&cases);
     }
 
     /// Same-width convolutions of small images, whose tasks each take a whole image and a
