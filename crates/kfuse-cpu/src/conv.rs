@@ -515,6 +515,9 @@ impl Route {
             Route::Winograd => {
                 "Winograd F(2×2, 3×3): input and output transforms around 16 GEMMs on the direct 8×48 microkernel (16 multiplications per 2×2 outputs where direct takes 36)".into()
             }
+            Route::Direct if direct::narrow_pointwise(g) => {
+                "the direct 8×48 microkernel as a 1×1 convolution on each band's input rows, a band's last few positions on the tail kernel".into()
+            }
             Route::Direct if direct::on_tap_planes(g) => format!(
                 "the direct 8×48 microkernel over tap planes of each band's input (one per row phase and tap column, as wide as the output rows; stride {}×{})",
                 g.stride[0], g.stride[1]
@@ -1286,7 +1289,8 @@ mod routes {
     }
 
     /// 1×1 convolutions run on the direct microkernel where it was measured faster than the
-    /// `gemm` crate (see `wide_pointwise`), and on `gemm` elsewhere.
+    /// `gemm` crate (see `wide_pointwise`, `direct::narrow_pointwise`), and on `gemm`
+    /// elsewhere.
     #[test]
     fn pointwise_convolutions_take_their_routines() {
         if !crate::dense::has_avx512() {
@@ -1295,7 +1299,10 @@ mod routes {
         }
         assert_eq!(route(8, 64, 128, 112, 1, 1), Route::Pointwise);
         assert_eq!(route(8, 1024, 256, 14, 1, 1), Route::Pointwise);
-        assert_eq!(route(8, 512, 2048, 7, 1, 1), Route::Im2col);
+        assert_eq!(route(8, 512, 2048, 7, 1, 1), Route::Direct);
+        assert_eq!(route(8, 2048, 512, 7, 1, 1), Route::Direct);
+        assert_eq!(route(1, 2048, 512, 7, 1, 1), Route::Pointwise);
+        assert_eq!(route(8, 960, 160, 7, 1, 1), Route::Im2col);
         assert_eq!(route(8, 144, 24, 56, 1, 1), Route::Im2col);
         assert_eq!(route(8, 24, 144, 56, 1, 1), Route::Im2col);
         // Down-sampling shortcuts onto 14×14 and larger outputs; onto 7×7, the direct

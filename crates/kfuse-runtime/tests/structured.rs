@@ -260,6 +260,11 @@ fn cases() -> Vec<Case> {
         // Strided, as ResNet's down-sampling shortcuts: odd sizes, unequal strides.
         case([2, 64, 29, 31], 72, [1, 1], [2, 2], [0; 4], [1, 1], 1),
         case([1, 64, 30, 15], 64, [1, 1], [2, 1], [0; 4], [1, 1], 1),
+        // Onto narrow outputs, on the direct kernel's tap planes: strided 3×3 and 1×1.
+        case([2, 16, 13, 13], 24, [3, 3], [2, 2], [1; 4], [1, 1], 1),
+        case([2, 64, 13, 14], 64, [1, 1], [2, 2], [0; 4], [1, 1], 1),
+        // 1×1 of 256+ channels onto a 7×7 image (the direct kernel, a tail of one position).
+        case([2, 256, 7, 7], 264, [1, 1], [1, 1], [0; 4], [1, 1], 1),
     ]
 }
 

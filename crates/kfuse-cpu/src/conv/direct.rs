@@ -60,7 +60,22 @@ pub(super) const QB: usize = 16 * NV;
 /// 0.46–0.47 ms, against 0.38–0.40 on im2col, whose columns are only the pixels it reads.
 pub(super) fn applies(g: &Geometry) -> bool {
     let strided_pointwise = on_tap_planes(g) && g.x[1] >= 64 && g.y[1] >= 64;
-    g.layout == Layout::Nchw && (g.kh * g.kw > 1 || strided_pointwise) && has_avx512()
+    g.layout == Layout::Nchw
+        && (g.kh * g.kw > 1 || strided_pointwise || narrow_pointwise(g))
+        && has_avx512()
+}
+
+/// Whether `g` is a 1×1 convolution at stride 1 onto an image of under 14×14 pixels (fewer
+/// than `conv::wide_pointwise` takes) with at least 256 channels in and out, which runs here
+/// as a one-tap [`conv_same_width`] (each image's last few positions on the tail kernel) rather
+/// than on the `gemm` crate. `conv::conv2d` alone, weights registered, ms, `gemm` against
+/// direct, two runs each: 8×512×7×7 → 2048 2.40–2.49 against 2.13–2.14; 8×2048×7×7 → 512
+/// 2.50–2.58 against 2.08–2.17 (ResNet-50's last stage); 32×512×7×7 → 2048 9.53–9.77 against
+/// 8.76–8.79; 2×512×7×7 → 2048 1.15–1.25 against 0.99–1.00. With fewer channels they ran
+/// alike (8×320×7×7 → 1280 0.93–1.03 against 0.98–0.99; 8×960×7×7 → 160 0.39–0.45 against
+/// 0.40), or `gemm` led (8×64×7×7 → 64, 12–15 against 15–16 µs).
+pub(super) fn narrow_pointwise(g: &Geometry) -> bool {
+    g.is_pointwise() && g.y[2] * g.y[3] < 14 * 14 && g.x[1] >= 256 && g.y[1] >= 256
 }
 
 /// Whether `g`, which [`applies`], is better here than on im2col: all but the strided
@@ -1861,6 +1876,30 @@ mod tests {
             (2, 128, 136, 20, 20, 3, 3, [1, 1], [1, 1], 1, [1, 1, 1, 1]),
             (1, 8, 16, 15, 15, 5, 5, [1, 1], [2, 2], 1, [4, 4, 4, 4]),
         ]);
+    }
+
+    /// 1×1 convolutions of 256+ channels onto small images ([`narrow_pointwise`]): a last
+    /// block of one position (7×7), of 35 (three vectors, masked), output channels short of a
+    /// block, and batch 1 (tasks splitting the output channels).
+    #[test]
+    fn narrow_pointwise_convolutions_match_their_sums() {
+        let cases = [
+            (3, 256, 256, 7, 7, 1, 1, [1, 1], [1, 1], 1, [0, 0, 0, 0]),
+            (2, 264, 270, 5, 7, 1, 1, [1, 1], [1, 1], 1, [0, 0, 0, 0]),
+            (1, 256, 300, 6, 9, 1, 1, [1, 1], [1, 1], 1, [0, 0, 0, 0]),
+        ];
+        for &(n, c, co, h, w, ..) in &cases {
+            let attrs = Conv2dAttrs {
+                layout: Layout::Nchw,
+                stride: [1, 1],
+                padding: [0; 4],
+                dilation: [1, 1],
+                groups: 1,
+            };
+            let g = Geometry::new(&[n, c, h, w], &[co, c, 1, 1], &attrs, &[n, co, h, w]);
+            assert!(narrow_pointwise(&g), "{:?}", (n, c, co, h, w));
+        }
+        check_against_sums(&cases);
     }
 
     /// Same-width convolutions whose last block of positions holds 1 to 7 of them, which the
