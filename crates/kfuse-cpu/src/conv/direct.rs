@@ -122,7 +122,7 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
         return conv_copied(g, xs, ws, y, post, &Copied::TapPlanes(TapPlanes::new(g)));
     }
     let [n_images, c_out, oh, ow] = g.y;
-    let (in_registers, rest) = split(post);
+    let (in_registers, rest) = split(post, false);
     let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
     let grid = Grid::new(g);
     let pw = grid.pw;
@@ -186,6 +186,7 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                             &packed[group * per_group..][..per_group],
                             dst,
                             in_registers.bias.map(|b| &b[group * og..][..og]),
+                            None,
                             InRegisters::of(in_registers.act),
                             false,
                             if group == 0 { &ahead } else { &[] },
@@ -374,7 +375,8 @@ fn conv_copied(
     let [_, c_in, in_h, in_w] = g.x;
     assert!(xs.len() >= n_images * c_in * in_h * in_w);
     assert!(matches!(copied, Copied::TapPlanes(_)) || in_w == ow);
-    let (in_registers, rest) = split(post);
+    let (in_registers, rest) = split(post, true);
+    let residual = Residual::of(in_registers.residual, y);
     let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
     let [dh, dw] = g.dilation;
     let [pt, pl] = g.pad;
@@ -508,6 +510,7 @@ fn conv_copied(
                         bias: bias.map(|bias| {
                             std::array::from_fn(|o| bias.get(b * OB + o).copied().unwrap_or(0.0))
                         }),
+                        residual,
                         act,
                         stream: false,
                     };
@@ -517,6 +520,9 @@ fn conv_copied(
                         channels: (og - b * OB).min(OB),
                         valid: valid - qb,
                     };
+                    if let Some(r) = &residual {
+                        r.prefetch(&part);
+                    }
                     let per_block = cg * offsets.len() * OB;
                     // SAFETY: `applies` checked AVX-512. Every lane a mask lets through reads
                     // a pixel of this image's channels of the group (the masks test the row
@@ -723,7 +729,8 @@ const PACK_ALONE: usize = 64 << 10;
 
 /// One group's output: channel `o < dst.channels` at position `q < dst.valid` gets the sum over
 /// input channels `c` and taps `t` of its packed weight times `x[c * plane + offsets[t] + q]`,
-/// plus the bias, then `act`; stored non-temporally where `stream` (the caller then
+/// plus the bias, then the residual's element, then `act`; stored non-temporally where
+/// `stream` (the caller then
 /// fences). `block` checks that `x` holds what this reads (whole blocks of [`QB`] positions).
 /// The cache lines of `ahead` (the input of a band to come) are asked for a few at a time as
 /// the blocks run.
@@ -738,6 +745,7 @@ pub(super) unsafe fn compute(
     packed: &[f32],
     dst: Dst,
     bias: Option<&[f32]>,
+    residual: Option<Residual>,
     act: Option<InRegisters>,
     stream: bool,
     ahead: &[&[f32]],
@@ -757,6 +765,7 @@ pub(super) unsafe fn compute(
                 bias: bias.map(|bias| {
                     std::array::from_fn(|o| bias.get(b * OB + o).copied().unwrap_or(0.0))
                 }),
+                residual,
                 act,
                 stream,
             };
@@ -766,6 +775,9 @@ pub(super) unsafe fn compute(
                 channels: (dst.channels - b * OB).min(OB),
                 valid: dst.valid - qb,
             };
+            if let Some(r) = &residual {
+                r.prefetch(&part);
+            }
             // SAFETY: the CPU has AVX-512 (asserted); `block` checks its reads, and its writes
             // are among those the caller vouches for. A last partial block computes only the
             // vectors its positions reach: a 7×7 image's 49 positions take 64, not 96.
@@ -863,24 +875,88 @@ unsafe fn stream_copy(dst: &mut [f32], src: &[f32]) {
 struct Finish {
     /// One value per output channel of the block, added.
     bias: Option<[f32; OB]>,
+    /// Then the residual's element at each stored position.
+    residual: Option<Residual>,
     /// Then this activation.
     act: Option<InRegisters>,
     /// Whole 64-byte-aligned vectors are stored non-temporally.
     stream: bool,
 }
 
-/// Splits an epilogue into what the microkernel applies in registers (the bias, and ReLU or a
-/// clamp when nothing comes between) and the rest, applied to the stored rows.
-pub(super) fn split(post: Post<f32>) -> (Post<f32>, Post<f32>) {
-    let act_in_registers = InRegisters::of(post.act).is_some() && post.residual.is_none();
+/// A residual added in registers: it has the output's shape, so the element for the output
+/// element at `p` has the same index from `base` as `p` from the output's start, `out`.
+#[derive(Clone, Copy)]
+pub(super) struct Residual {
+    base: *const f32,
+    out: usize,
+}
+
+impl Residual {
+    /// The residual `residual` of the output `y`, if any.
+    pub(super) fn of(residual: Option<&[f32]>, y: &[f32]) -> Option<Residual> {
+        residual.map(|r| {
+            assert!(r.len() >= y.len(), "a residual has the output's shape");
+            Residual {
+                base: r.as_ptr(),
+                out: y.as_ptr() as usize,
+            }
+        })
+    }
+
+    /// The residual's element for the output element at `p`.
+    fn at(&self, p: *const f32) -> *const f32 {
+        self.base
+            .wrapping_add((p as usize - self.out) / std::mem::size_of::<f32>())
+    }
+
+    /// Asks for the residual's elements of the block `dst` addresses (into L1), before the
+    /// block's sums are computed: its store reads them one channel's run at a time, which the
+    /// hardware prefetchers do not follow.
+    #[inline(always)]
+    fn prefetch(&self, dst: &Dst) {
+        let start = self.at(dst.ptr);
+        let len = dst.valid.min(QB);
+        for o in 0..dst.channels.min(OB) {
+            let row = start.wrapping_add(o * dst.stride) as usize;
+            for line in (row & !63..row + len * std::mem::size_of::<f32>()).step_by(64) {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: a prefetch reads nothing architecturally.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(line as *const i8)
+                };
+            }
+        }
+    }
+}
+
+// SAFETY: a residual is only read, at the elements of outputs the tasks are given, while the
+// call that made it runs.
+unsafe impl Send for Residual {}
+// SAFETY: as above.
+unsafe impl Sync for Residual {}
+
+/// Splits an epilogue into what the microkernel applies in registers and the rest, applied
+/// to the stored rows: the bias, the residual where `residual_in_registers` (the blocks
+/// store straight to the output) and, when nothing is left between, ReLU, a clamp or
+/// hard-swish. The residual added in registers saves a second pass over each band's output,
+/// and lets an output of 16 MiB and more go out with non-temporal stores. ResNet-50's 1×1
+/// convolutions with their shortcut, per-step medians in the whole network, alternating
+/// builds: 8×64×56×56 → 256 (25.7 MB, now streamed) 2.82–2.89 → 2.38–2.46 ms, 8×128×28×28 →
+/// 512 2.37–2.45 → 2.05–2.10, 8×256×14×14 → 1024 2.31–2.42 → 2.27–2.32, 8×512×7×7 → 2048
+/// alike. Each block asks for its residual before computing its sums
+/// ([`Residual::prefetch`]): without that, the stores waited on the residual's loads, and
+/// the 28×28 step took 2.81–2.89 ms.
+pub(super) fn split(post: Post<f32>, residual_in_registers: bool) -> (Post<f32>, Post<f32>) {
+    let residual_here = residual_in_registers || post.residual.is_none();
+    let act_in_registers = InRegisters::of(post.act).is_some() && residual_here;
     let in_registers = Post {
         bias: post.bias,
-        residual: None,
+        residual: post.residual.filter(|_| residual_in_registers),
         act: if act_in_registers { post.act } else { None },
     };
     let rest = Post {
         bias: None,
-        residual: post.residual,
+        residual: post.residual.filter(|_| !residual_in_registers),
         act: if act_in_registers { None } else { post.act },
     };
     (in_registers, rest)
@@ -982,9 +1058,12 @@ unsafe fn store<const V: usize>(acc: [[__m512; V]; OB], dst: Dst, finish: &Finis
     // SAFETY: forwarded from the caller.
     unsafe {
         if dst.channels == OB && dst.valid >= 16 * V {
-            match finish.bias {
-                Some(bias) => store_whole::<true, V>(acc, dst, &bias, finish),
-                None => store_whole::<false, V>(acc, dst, &[0.0; OB], finish),
+            let zeros = [0.0; OB];
+            match (&finish.bias, finish.residual.is_some()) {
+                (Some(bias), false) => store_whole::<true, false, V>(acc, dst, bias, finish),
+                (None, false) => store_whole::<false, false, V>(acc, dst, &zeros, finish),
+                (Some(bias), true) => store_whole::<true, true, V>(acc, dst, bias, finish),
+                (None, true) => store_whole::<false, true, V>(acc, dst, &zeros, finish),
             }
         } else {
             store_partial::<V>(&acc, dst, finish)
@@ -992,25 +1071,21 @@ unsafe fn store<const V: usize>(acc: [[__m512; V]; OB], dst: Dst, finish: &Finis
     }
 }
 
-/// [`store`] for a whole block: `bias` added where `BIAS`, then the activation.
+/// [`store`] for a whole block: `bias` added where `BIAS`, then the residual where `RES`,
+/// then the activation.
 ///
 /// # Safety
-/// As for [`store`].
+/// As for [`store`], and where `RES` the residual's elements for the block must be readable.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn store_whole<const BIAS: bool, const V: usize>(
+unsafe fn store_whole<const BIAS: bool, const RES: bool, const V: usize>(
     acc: [[__m512; V]; OB],
     dst: Dst,
     bias: &[f32; OB],
     finish: &Finish,
 ) {
-    let biased = |o: usize, v: __m512| {
-        if BIAS {
-            _mm512_add_ps(v, _mm512_set1_ps(bias[o]))
-        } else {
-            v
-        }
-    };
+    // The residual's elements of the block (a null pointer, never read, where not `RES`).
+    let residual = finish.residual.map_or(std::ptr::null(), |r| r.at(dst.ptr));
     // Streamed only when every vector is 64-byte aligned, so that the stores are straight-line.
     let stream =
         finish.stream && (dst.ptr as usize).is_multiple_of(64) && dst.stride.is_multiple_of(16);
@@ -1018,38 +1093,60 @@ unsafe fn store_whole<const BIAS: bool, const V: usize>(
     // SAFETY (all arms): forwarded from the caller, whose features `apply` runs with.
     unsafe {
         match finish.act {
-            None => store_each(acc, dst, stream, biased),
-            Some(InRegisters::Relu) => store_each(acc, dst, stream, |o, v| {
-                InRegisters::Relu.apply(biased(o, v))
-            }),
-            Some(InRegisters::Clamp { lo, hi }) => store_each(acc, dst, stream, |o, v| {
-                InRegisters::Clamp { lo, hi }.apply(biased(o, v))
-            }),
-            Some(InRegisters::HardSwish { divide_last }) => store_each(acc, dst, stream, |o, v| {
-                InRegisters::HardSwish { divide_last }.apply(biased(o, v))
-            }),
+            None => store_each::<V, BIAS, RES>(acc, dst, stream, bias, residual, |v| v),
+            Some(InRegisters::Relu) => {
+                store_each::<V, BIAS, RES>(acc, dst, stream, bias, residual, |v| {
+                    InRegisters::Relu.apply(v)
+                })
+            }
+            Some(InRegisters::Clamp { lo, hi }) => {
+                store_each::<V, BIAS, RES>(acc, dst, stream, bias, residual, |v| {
+                    InRegisters::Clamp { lo, hi }.apply(v)
+                })
+            }
+            Some(InRegisters::HardSwish { divide_last }) => {
+                store_each::<V, BIAS, RES>(acc, dst, stream, bias, residual, |v| {
+                    InRegisters::HardSwish { divide_last }.apply(v)
+                })
+            }
         }
     }
 }
 
-/// Stores `finish(o, sum)` of every sum of a whole block, non-temporally where `stream` (every
-/// vector then 64-byte aligned).
+/// Stores `act(sum + bias + residual)` of every sum of a whole block, the bias added where
+/// `BIAS`, the residual's element (from `residual`, laid out as the block) where `RES`;
+/// non-temporally where `stream` (every vector then 64-byte aligned). The adds are written
+/// here, not in a closure: a closure that loads may not be inlined, and then runs without
+/// the block's target features (every intrinsic a call: ResNet-50's 1×1 convolutions with
+/// their shortcut took three times as long).
 ///
 /// # Safety
-/// As for [`store`], with the whole block's elements writable.
+/// As for [`store`], with the whole block's elements writable, and where `RES` the
+/// residual's elements of the block readable.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn store_each<const V: usize>(
+unsafe fn store_each<const V: usize, const BIAS: bool, const RES: bool>(
     acc: [[__m512; V]; OB],
     dst: Dst,
     stream: bool,
-    finish: impl Fn(usize, __m512) -> __m512,
+    bias: &[f32; OB],
+    residual: *const f32,
+    act: impl Fn(__m512) -> __m512,
 ) {
     // Written out for each output channel: a loop over them kept the sums in memory.
     macro_rules! channel {
         ($($o:literal)*) => {$(
             for v in 0..V {
-                let value = finish($o, acc[$o][v]);
+                let mut value = acc[$o][v];
+                if BIAS {
+                    value = _mm512_add_ps(value, _mm512_set1_ps(bias[$o]));
+                }
+                if RES {
+                    let r = residual.wrapping_add($o * dst.stride + 16 * v);
+                    // SAFETY: the caller vouches for the residual's elements of the block.
+                    value = _mm512_add_ps(value, unsafe { _mm512_loadu_ps(r) });
+                }
+                let value = act(value);
                 let at = dst.ptr.wrapping_add($o * dst.stride + 16 * v);
                 // SAFETY: the caller vouches for these positions of these channels, and for
                 // their alignment where `stream`.
@@ -1078,15 +1175,22 @@ unsafe fn store_each<const V: usize>(
 unsafe fn store_partial<const V: usize>(acc: &[[__m512; V]; OB], dst: Dst, finish: &Finish) {
     for (o, row) in acc.iter().enumerate().take(dst.channels) {
         for (v, a) in row.iter().enumerate() {
+            let lanes = dst.valid.saturating_sub(16 * v).min(16);
             let mut value = *a;
             if let Some(bias) = &finish.bias {
                 value = _mm512_add_ps(value, _mm512_set1_ps(bias[o]));
+            }
+            if let Some(r) = finish.residual {
+                let at = r.at(dst.ptr).wrapping_add(o * dst.stride + 16 * v);
+                let mask = ((1u32 << lanes) - 1) as __mmask16;
+                // SAFETY: the caller vouches for the residual's elements of the positions
+                // below `valid`, the lanes the mask keeps.
+                value = _mm512_add_ps(value, unsafe { _mm512_maskz_loadu_ps(mask, at) });
             }
             if let Some(act) = finish.act {
                 // SAFETY: compiled for AVX-512F and DQ.
                 value = unsafe { act.apply(value) };
             }
-            let lanes = dst.valid.saturating_sub(16 * v).min(16);
             // SAFETY: the caller vouches for positions below `valid` of these channels.
             unsafe {
                 let at = dst.ptr.wrapping_add(o * dst.stride + 16 * v);
@@ -1229,6 +1333,17 @@ unsafe fn tail_block<const P: usize, const S: usize>(
         let mut value = *a;
         if let Some(bias) = bias {
             value = _mm256_add_ps(value, bias);
+        }
+        if let Some(r) = finish.residual {
+            let at = r.at(dst.ptr.wrapping_add(p));
+            let mut lanes = [0.0f32; OB];
+            for (o, lane) in lanes.iter_mut().enumerate().take(dst.channels) {
+                // SAFETY: the caller vouches for the residual's elements of these channels
+                // at position p.
+                *lane = unsafe { *at.wrapping_add(o * dst.stride) };
+            }
+            // SAFETY: 8 floats into 8 lanes.
+            value = _mm256_add_ps(value, unsafe { _mm256_loadu_ps(lanes.as_ptr()) });
         }
         if let Some(act) = finish.act {
             // SAFETY: AVX-512F and DQ are enabled here; the upper lanes are dropped.
@@ -1414,7 +1529,7 @@ pub(super) fn inverted_residual(
     let c_exp = ge.y[1];
     let ([sh, _], pt) = (gd.stride, gd.pad[0]);
     let packed = pack(we, 1, c_exp, c_in);
-    let (expand_in_registers, expand_rest) = split(expand);
+    let (expand_in_registers, expand_rest) = split(expand, false);
     // The input rows depthwise output rows `band` read, inside the image.
     let input_rows = |band: &std::ops::Range<usize>| gd.rows_read(band);
     // Per band: the input rows' copy (whole blocks of positions) and the expansion of its
@@ -1463,6 +1578,7 @@ pub(super) fn inverted_residual(
                     &packed[blocks.start * per_block..blocks.end * per_block],
                     dst,
                     expand_in_registers.bias.map(|b| &b[chans.clone()]),
+                    None,
                     InRegisters::of(expand_in_registers.act),
                     false,
                     &[],
@@ -1559,7 +1675,11 @@ fn pointwise_bands(
     fill: &Fill,
     input_of: &InputOf,
 ) {
-    let (in_registers, rest) = split(post);
+    // The bands store straight to the output and add the residual in registers; the small
+    // images' groups store to a stage and add it as they copy out.
+    let (in_registers, rest) = split(post, true);
+    let (staged_in_registers, staged_rest) = split(post, false);
+    let residual = Residual::of(in_registers.residual, y);
     let packed = pack(wp, 1, c_out, c);
     let per_block = c * OB;
     let stream = stream && rest.is_empty();
@@ -1592,6 +1712,7 @@ fn pointwise_bands(
                 &packed[blocks.start * per_block..blocks.end * per_block],
                 dst,
                 in_registers.bias.map(|b| &b[chans.clone()]),
+                residual,
                 InRegisters::of(in_registers.act),
                 stream,
                 ahead,
@@ -1634,8 +1755,9 @@ fn pointwise_bands(
                     &[0],
                     &packed,
                     dst,
-                    in_registers.bias,
-                    InRegisters::of(in_registers.act),
+                    staged_in_registers.bias,
+                    None,
+                    InRegisters::of(staged_in_registers.act),
                     false,
                     &[],
                 )
@@ -1648,8 +1770,8 @@ fn pointwise_bands(
                     let row =
                         unsafe { std::slice::from_raw_parts_mut(out.ptr().add(at), per_image) };
                     row.copy_from_slice(&staged[co * q_blocks + i * per_image..][..per_image]);
-                    if !rest.is_empty() {
-                        epilogue(row, rest.channel(co, at, per_image));
+                    if !staged_rest.is_empty() {
+                        epilogue(row, staged_rest.channel(co, at, per_image));
                     }
                 }
             }
@@ -1989,6 +2111,18 @@ mod tests {
                     residual: Some(&residual[..]),
                     act: Some(Activation::Tanh),
                 },
+                // A residual with ReLU, and with a clamp and no bias: both in registers where
+                // the blocks store straight to the output.
+                Post {
+                    bias: Some(&bias[..]),
+                    residual: Some(&residual[..]),
+                    act: Some(Activation::Relu),
+                },
+                Post {
+                    bias: None,
+                    residual: Some(&residual[..]),
+                    act: Some(Activation::Clamp(kfuse_kernel::Bounds::new(-0.5, 6.0))),
+                },
             ];
             for post in posts {
                 let mut y = vec![f32::NAN; n * co * oh * ow];
@@ -2049,28 +2183,39 @@ mod tests {
         let wd: Vec<f32> = (0..c * 9).map(|i| value(i + 11)).collect();
         let wp: Vec<f32> = (0..c_out * c).map(|i| value(i + 23)).collect();
         let len = n * c_out * h * w;
-        let post = Post {
+        let none = Post {
             bias: None,
             residual: None,
             act: None,
         };
-        let mut plain = vec![f32::NAN; len];
-        separable_stored(&g, &xs, &wd, post, &wp, c_out, &mut plain, post, false);
-        assert!(plain.iter().all(|v| v.is_finite()));
-        for shift in [0, 1] {
-            // A buffer with room to start the output on a line boundary, then one float past.
-            let mut buffer = vec![f32::NAN; len + 32];
-            let aligned = buffer.as_ptr().align_offset(64);
-            let y = &mut buffer[aligned + shift..][..len];
-            separable_stored(&g, &xs, &wd, post, &wp, c_out, y, post, true);
-            let same = y
-                .iter()
-                .zip(&plain)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(
-                same,
-                "streamed stores (shift {shift}) differ from ordinary ones"
-            );
+        let bias: Vec<f32> = (0..c_out).map(|i| value(i + 31)).collect();
+        let residual: Vec<f32> = (0..len).map(|i| value(i + 41)).collect();
+        // The residual added in registers, as the stores stream.
+        let shortcut = Post {
+            bias: Some(&bias[..]),
+            residual: Some(&residual[..]),
+            act: Some(Activation::Relu),
+        };
+        for post in [none, shortcut] {
+            let mut plain = vec![f32::NAN; len];
+            separable_stored(&g, &xs, &wd, none, &wp, c_out, &mut plain, post, false);
+            assert!(plain.iter().all(|v| v.is_finite()));
+            for shift in [0, 1] {
+                // A buffer with room to start the output on a line boundary, then one float
+                // past.
+                let mut buffer = vec![f32::NAN; len + 32];
+                let aligned = buffer.as_ptr().align_offset(64);
+                let y = &mut buffer[aligned + shift..][..len];
+                separable_stored(&g, &xs, &wd, none, &wp, c_out, y, post, true);
+                let same = y
+                    .iter()
+                    .zip(&plain)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "streamed stores (shift {shift}) differ from ordinary ones"
+                );
+            }
         }
     }
 }

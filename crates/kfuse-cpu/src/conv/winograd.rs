@@ -96,7 +96,7 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
     }) {
         return direct::conv(g, xs, ws, y, post);
     }
-    let (in_registers, rest) = direct::split(post);
+    let (in_registers, rest) = direct::split(post, false);
     let act = InRegisters::of(in_registers.act);
     let tw = ow.div_ceil(2);
     // Blocks of output channels per group, and in all (each group's padded to whole blocks).
@@ -154,6 +154,7 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                                 &[0],
                                 w,
                                 dst,
+                                None,
                                 None,
                                 None,
                                 false,
