@@ -510,7 +510,7 @@ impl Route {
                 g.stride[0], g.stride[1]
             ),
             Route::Pointwise => {
-                "the direct 8×48 microkernel as a 1×1 convolution, on a copy of each band's input rows".into()
+                "the direct 8×48 microkernel as a 1×1 convolution, reading each band's input rows in place".into()
             }
             Route::Winograd => {
                 "Winograd F(2×2, 3×3): input and output transforms around 16 GEMMs on the direct 8×48 microkernel (16 multiplications per 2×2 outputs where direct takes 36)".into()
