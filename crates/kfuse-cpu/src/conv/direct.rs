@@ -1988,23 +1988,7 @@ mod tests {
         ];
         let (mut phase, mut tap) = (0, 0);
         for case in &cases {
-            let (n, c, co, h, w, kh, kw, stride, dilation, groups, pad) = *case;
-            let attrs = Conv2dAttrs {
-                layout: Layout::Nchw,
-                stride,
-                padding: pad,
-                dilation,
-                groups,
-            };
-            let oh = (h + pad[0] + pad[1] - dilation[0] * (kh - 1) - 1) / stride[0] + 1;
-            let ow = (w + pad[2] + pad[3] - dilation[1] * (kw - 1) - 1) / stride[1] + 1;
-            let g = Geometry::new(
-                &[n, c, h, w],
-                &[co, c / groups, kh, kw],
-                &attrs,
-                &[n, co, oh, ow],
-            );
-            if on_tap_planes(&g) {
+            if on_tap_planes(&geometry_of(case)) {
                 tap += 1;
             } else {
                 phase += 1;
@@ -2044,16 +2028,8 @@ mod tests {
             (2, 264, 270, 5, 7, 1, 1, [1, 1], [1, 1], 1, [0, 0, 0, 0]),
             (1, 256, 300, 6, 9, 1, 1, [1, 1], [1, 1], 1, [0, 0, 0, 0]),
         ];
-        for &(n, c, co, h, w, ..) in &cases {
-            let attrs = Conv2dAttrs {
-                layout: Layout::Nchw,
-                stride: [1, 1],
-                padding: [0; 4],
-                dilation: [1, 1],
-                groups: 1,
-            };
-            let g = Geometry::new(&[n, c, h, w], &[co, c, 1, 1], &attrs, &[n, co, h, w]);
-            assert!(narrow_pointwise(&g), "{:?}", (n, c, co, h, w));
+        for case in &cases {
+            assert!(narrow_pointwise(&geometry_of(case)), "{case:?}");
         }
         check_against_sums(&cases);
     }
@@ -2093,6 +2069,31 @@ mod tests {
     /// Runs [`conv`] on each case (normal inputs with subnormals and signed zeros, three
     /// epilogues) and checks each output within rounding of its sum of products; skips, saying
     /// so, without AVX-512.
+    /// The geometry of `case`, its output as large as its input, filter, stride, dilation
+    /// and padding make it.
+    fn geometry_of(&(n, ci, co, h, w, kh, kw, stride, dilation, groups, pad): &Case) -> Geometry {
+        let attrs = Conv2dAttrs {
+            layout: Layout::Nchw,
+            stride,
+            padding: pad,
+            dilation,
+            groups,
+        };
+        let out = |len: usize, p: usize, k: usize, d: usize, s: usize| {
+            (len + p - d * (k - 1) - 1) / s + 1
+        };
+        let (oh, ow) = (
+            out(h, pad[0] + pad[1], kh, dilation[0], stride[0]),
+            out(w, pad[2] + pad[3], kw, dilation[1], stride[1]),
+        );
+        Geometry::new(
+            &[n, ci, h, w],
+            &[co, ci / groups, kh, kw],
+            &attrs,
+            &[n, co, oh, ow],
+        )
+    }
+
     fn check_against_sums(cases: &[Case]) {
         if !has_avx512() {
             eprintln!("SKIPPED: the direct kernel needs AVX-512, which this CPU lacks");
@@ -2100,29 +2101,9 @@ mod tests {
         }
         use super::super::reference::{sums, values};
         let specials = [0.0, -0.0, 1e-40, -3e-39];
-        for (case, &(n, ci, co, h, w, kh, kw, stride, dilation, groups, pad)) in
-            cases.iter().enumerate()
-        {
-            let attrs = Conv2dAttrs {
-                layout: Layout::Nchw,
-                stride,
-                padding: pad,
-                dilation,
-                groups,
-            };
-            let out = |len: usize, p: usize, k: usize, d: usize, s: usize| {
-                (len + p - d * (k - 1) - 1) / s + 1
-            };
-            let (oh, ow) = (
-                out(h, pad[0] + pad[1], kh, dilation[0], stride[0]),
-                out(w, pad[2] + pad[3], kw, dilation[1], stride[1]),
-            );
-            let g = Geometry::new(
-                &[n, ci, h, w],
-                &[co, ci / groups, kh, kw],
-                &attrs,
-                &[n, co, oh, ow],
-            );
+        for (case, &(n, ci, co, h, w, kh, kw, _, _, groups, _)) in cases.iter().enumerate() {
+            let g = geometry_of(&cases[case]);
+            let [oh, ow] = [g.y[2], g.y[3]];
             assert!(applies(&g));
             let xs = values(n * ci * h * w, 7 + case as u64, 5, &specials);
             let ws = values(co * ci / groups * kh * kw, 8, 0, &[]);
