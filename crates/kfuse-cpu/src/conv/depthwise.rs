@@ -317,6 +317,7 @@ fn nhwc<T: Real>(
 mod in_place {
     use std::arch::x86_64::*;
 
+    use super::super::shifted::prefetch;
     use super::{Geometry, Post};
     use crate::dense::{epilogue, RowBias, Tail};
     use crate::simd::InRegisters;
@@ -562,16 +563,6 @@ mod in_place {
         bias: __m512,
         add: bool,
         act: Option<InRegisters>,
-    }
-
-    /// Asks for every cache line of `data`.
-    #[inline(always)]
-    fn prefetch(data: &[f32]) {
-        let (start, bytes) = (data.as_ptr() as usize, std::mem::size_of_val(data));
-        for line in (start & !63..start + bytes).step_by(64) {
-            // SAFETY: a prefetch reads nothing architecturally.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(line as *const i8) };
-        }
     }
 
     /// `R` output rows, the first at `out` (the next ones `ow` apart), from input rows
