@@ -87,9 +87,10 @@ pub(super) fn leads(g: &Geometry) -> bool {
 }
 
 /// Output rows narrower than this take a strided convolution onto tap planes rather than
-/// phase planes. Tap planes copy `kw / sw` times the input (1.5 times at 3×3, stride 2, where
-/// phase planes copy it once), but compute no padding column and store straight to the
-/// output, its last few positions on the tail kernel. `conv::conv2d` alone, weights
+/// phase planes. Tap planes copy `kw / sw` times the input's pixels for every row phase the
+/// filter reads (1.5 times the input at 3×3, stride 2, where phase planes copy it once), but
+/// compute no padding column and store straight to the output, its last few positions on the
+/// tail kernel. `conv::conv2d` alone, weights
 /// registered as constants, two threads, ms, phase planes (or im2col, which `leads` chose for
 /// 7×7 outputs) against tap planes, two runs each:
 ///
@@ -250,7 +251,8 @@ enum Copied {
 /// pixel `(r, x)`'s input at `(r + u, x)` of plane `(a, j)`: a fixed offset on a grid exactly as
 /// wide as the output, every lane inside it. So the blocks' positions are the output's own,
 /// they store straight to the output rows, and a band's last few positions take the tail
-/// kernel, as in [`conv_same_width`]. The copy is `kw / sw` times the input's pixels.
+/// kernel, as in [`conv_same_width`]. The copy is `kw / sw` times the input's pixels (those
+/// of the row phases read: 1.5 times at 3×3 and stride 2, a quarter at 1×1 and stride 2).
 struct TapPlanes {
     /// The row phases the filter rows read, in order.
     phases: Vec<usize>,
