@@ -246,8 +246,8 @@ enum Copied {
 
 /// A strided convolution's "tap planes": per band, each input channel is copied into one
 /// plane per row phase `a` of the stride (those the filter rows read) and tap column `j`,
-/// `ow` wide, plane `(a, j)` holding at `(R, x)` input pixel `(R·sh + a - pad_top, x·sw + j·dw
-/// - pad_left)`, zero outside the image. Tap `(i, j)`, with `i·dh = u·sh + a`, reads output
+/// `ow` wide, plane `(a, j)` holding at `(R, x)` input pixel
+/// `(R·sh + a - pad_top, x·sw + j·dw - pad_left)`, zero outside the image. Tap `(i, j)`, with `i·dh = u·sh + a`, reads output
 /// pixel `(r, x)`'s input at `(r + u, x)` of plane `(a, j)`: a fixed offset on a grid exactly as
 /// wide as the output, every lane inside it. So the blocks' positions are the output's own,
 /// they store straight to the output rows, and a band's last few positions take the tail

@@ -162,17 +162,7 @@ impl Grid {
                         };
                         let src = &xs[g.x_offset(n, group * cg + ci, h, *first)..];
                         let dst = &mut xpad[ci * plane + (phase * ph + t) * pw..][cols.clone()];
-                        #[cfg(target_arch = "x86_64")]
-                        if sw == 2 && crate::dense::has_avx512() {
-                            if let (Some(dst), Some(src)) = (T::f32s_mut(dst), T::f32s(src)) {
-                                // SAFETY: the CPU has AVX-512.
-                                unsafe { every_second(dst, src) };
-                                continue;
-                            }
-                        }
-                        for (d, &v) in dst.iter_mut().zip(src.iter().step_by(sw)) {
-                            *d = v;
-                        }
+                        every_nth(dst, src, sw);
                     }
                 }
             }
@@ -218,12 +208,14 @@ pub(super) fn prefetch<T>(data: &[T]) {
     }
 }
 
-/// `dst[k] = src[step * k]` for every `k` of `dst`.
-pub(super) fn every_nth(dst: &mut [f32], src: &[f32], step: usize) {
+/// `dst[k] = src[step * k]` for every `k` of `dst` (f32 at stride 2 on AVX-512 by permutes).
+pub(super) fn every_nth<T: Real>(dst: &mut [T], src: &[T], step: usize) {
     #[cfg(target_arch = "x86_64")]
     if step == 2 && crate::dense::has_avx512() {
-        // SAFETY: the CPU has AVX-512.
-        return unsafe { every_second(dst, src) };
+        if let (Some(dst), Some(src)) = (T::f32s_mut(dst), T::f32s(src)) {
+            // SAFETY: the CPU has AVX-512.
+            return unsafe { every_second(dst, src) };
+        }
     }
     for (d, &v) in dst.iter_mut().zip(src.iter().step_by(step)) {
         *d = v;
