@@ -17,5 +17,6 @@ pub use pool::Pool;
 pub mod constants;
 pub mod conv;
 pub mod dense;
+pub mod fpmode;
 pub mod matmul;
 pub mod pooling;

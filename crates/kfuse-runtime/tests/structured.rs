@@ -1405,8 +1405,10 @@ fn half_precision_products_match_the_reference() {
 /// The program `text` compiles to one structured step in fast numerics whose outputs on random
 /// inputs drawn from `seed`, then on those inputs with edge values in every third element,
 /// hold the reference's values exactly (NaN where it has NaN; zeros of either sign alike): for
-/// products of one term, exact in f32, whatever the summation order.
+/// products of one term, exact in f32, whatever the summation order. A transcendental
+/// activation's subnormal results come out as zeros of their sign (`kfuse_cpu::fpmode`).
 fn same_values_in_one_step(text: &str, seed: u64, what: &str) {
+    let flushes = ["gelu", "sigmoid", "tanh"].iter().any(|a| text.contains(a));
     let graph = parse_graph(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     let exe = build(&graph, Numerics::Fast);
     assert!(
@@ -1448,8 +1450,13 @@ fn same_values_in_one_step(text: &str, seed: u64, what: &str) {
         assert_eq!(w.dtype(), g.dtype(), "{what}");
         for i in 0..w.n_elems() {
             let (a, b) = (w.get_f64(i), g.get_f64(i));
+            let flushed = flushes
+                && a != 0.0
+                && a.abs() < f64::from(f32::MIN_POSITIVE)
+                && b == 0.0
+                && a.is_sign_negative() == b.is_sign_negative();
             assert!(
-                a == b || a.is_nan() && b.is_nan(),
+                a == b || a.is_nan() && b.is_nan() || flushed,
                 "{what} (edge values: {}): element {i}: reference {a:e}, fast {b:e}",
                 round == 1
             );
@@ -1889,4 +1896,104 @@ fn random_graphs_of_products_match_the_reference() {
         structured >= 40 && separable >= 5,
         "{structured} structured steps, {separable} separable"
     );
+}
+
+/// Fast numerics flush the subnormal results of a transcendental activation in an epilogue
+/// (`kfuse_cpu::fpmode`), leave the calling thread's mode as it was, and keep subnormal products
+/// exactly; strict numerics keep every subnormal. The GELU of a pre-activation of -10.5 is
+/// subnormal (about -5e-40), as in W5b's first layer.
+#[test]
+fn fast_activation_epilogues_flush_subnormal_results_and_nothing_else_does() {
+    let f32s = |dims: Vec<usize>, values: Vec<f64>| {
+        let a = Array::from_vec(dims, values).unwrap();
+        kfuse_interp::elementwise::cast(&a, kfuse_ir::DType::F32)
+    };
+    let tiny = f64::from(f32::MIN_POSITIVE);
+    // Row 0's products are subnormal (MIN_POSITIVE / 8 and / 4) but one; row 1's
+    // pre-activations are -10.5, 1.0, -3.0 and 0.5.
+    let inputs = [
+        (
+            "x".to_string(),
+            f32s(vec![2, 3], vec![tiny, 0.0, 0.0, 1.0, 0.0, 0.0]),
+        ),
+        (
+            "w".to_string(),
+            f32s(
+                vec![3, 4],
+                vec![
+                    0.125, -0.125, 0.25, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                ],
+            ),
+        ),
+        (
+            "b".to_string(),
+            f32s(vec![4], vec![-10.625, 1.125, -3.25, -1.5]),
+        ),
+    ];
+    let head = "%x = input() name=\"x\" : f32[2, 3]\n\
+        %w = input() name=\"w\" : f32[3, 4]\n\
+        %p = matmul(%x, %w)\n";
+    let product = format!("{head}output \"y\" = %p\n");
+    let dense = format!(
+        "{head}%b = input() name=\"b\" : f32[4]\n\
+        %s = add(%p, %b)\n%g = gelu_tanh(%s)\noutput \"y\" = %g\n"
+    );
+    let mut results = Vec::new();
+    for text in [&product, &dense] {
+        let graph = parse_graph(text).unwrap();
+        let inputs: Vec<_> = inputs
+            .iter()
+            .filter(|(n, _)| graph.inputs().any(|(_, name, _)| name == n))
+            .cloned()
+            .collect();
+        let run = |numerics| {
+            let exe = build(&graph, numerics);
+            assert_eq!(exe.program.steps.len(), 1, "one structured step:\n{text}");
+            let (outputs, _) = exe.run(&inputs, &CustomOps::new()).unwrap();
+            assert!(
+                !kfuse_cpu::fpmode::flushing(),
+                "the caller's mode is restored"
+            );
+            let y = outputs.into_iter().next().unwrap().1;
+            (0..8).map(|i| y.get_f64(i) as f32).collect::<Vec<f32>>()
+        };
+        let want = kfuse_interp::run(&graph, &inputs, &CustomOps::new()).unwrap();
+        let want: Vec<f32> = (0..8).map(|i| want[0].1.get_f64(i) as f32).collect();
+        let (fast, strict) = (run(Numerics::Fast), run(Numerics::Strict));
+        for i in 0..8 {
+            assert_eq!(
+                strict[i].to_bits(),
+                want[i].to_bits(),
+                "strict [{i}]:\n{text}"
+            );
+        }
+        results.push((want, fast));
+    }
+    let (want, fast) = &results[0];
+    assert_eq!(want[0], f32::MIN_POSITIVE / 8.0);
+    assert_eq!(want[1], -want[0]);
+    assert!(!want[2].is_normal() && want[3].is_normal());
+    let (want_g, fast_g) = &results[1];
+    assert!(
+        want_g[4] < 0.0 && !want_g[4].is_normal(),
+        "gelu_tanh(-10.5) = {:e}",
+        want_g[4]
+    );
+    // The products, subnormal or not, are the reference's (one term each).
+    for i in 0..8 {
+        assert_eq!(fast[i].to_bits(), want[i].to_bits(), "fast product [{i}]");
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // Flushed to zero of its sign.
+        assert_eq!(fast_g[4].to_bits(), (-0.0f32).to_bits());
+        // Normal results are the reference's within fast numerics' bounds.
+        for i in [0, 1, 2, 3, 5, 6, 7] {
+            let (f, r) = (fast_g[i], want_g[i]);
+            assert!(
+                (f - r).abs() <= 1e-6 * r.abs().max(1.0),
+                "g[{i}]: {f} against {r}"
+            );
+        }
+    }
 }
