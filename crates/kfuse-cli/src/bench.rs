@@ -272,11 +272,24 @@ fn inputs_for(graph: &kfuse::Graph) -> Result<Vec<(String, Array)>> {
         .collect()
 }
 
+/// The largest difference between `got` and `want`, relative to `want`'s largest magnitude;
+/// infinite where the two differ in shape or one holds a NaN or an infinity the other does
+/// not (a plain `f64::max` fold would skip the NaN and report no error at all).
 fn relative_error(got: &Array, want: &Array) -> f64 {
+    if got.n_elems() != want.n_elems() {
+        return f64::INFINITY;
+    }
     let (mut err, mut scale) = (0.0f64, 0.0f64);
     for i in 0..want.n_elems() {
-        err = err.max((got.get_f64(i) - want.get_f64(i)).abs());
-        scale = scale.max(want.get_f64(i).abs());
+        let (g, w) = (got.get_f64(i), want.get_f64(i));
+        if !g.is_finite() || !w.is_finite() {
+            if g == w || g.is_nan() && w.is_nan() {
+                continue;
+            }
+            return f64::INFINITY;
+        }
+        err = err.max((g - w).abs());
+        scale = scale.max(w.abs());
     }
     err / scale.max(f64::MIN_POSITIVE)
 }
@@ -1134,6 +1147,9 @@ fn conv_workloads(
         let graph = kfuse::opt::freeze(&kfuse::parse(&program)?, &frozen)?;
         let want = kfuse::run_graph(&graph, &case.inputs, &CustomOps::new())?;
         let error = relative_error(&got[0].1, &want[0].1);
+        if error > 1e-3 {
+            bail!("{id}: logits off the reference interpreter's by {error:e}");
+        }
         if !as_json {
             println!("{id}: logits within {error:.1e} of the reference interpreter's (relative to the largest)");
         }
@@ -1176,4 +1192,30 @@ fn conv_workloads(
         rows.push(json!({"id": "W7", "ms": w7, "bare_conv_ms": bare_ms, "ratio": w7 / bare_ms}));
     }
     Ok(json!(rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn array(values: Vec<f64>) -> Array {
+        Array::from_vec(vec![values.len()], values).unwrap()
+    }
+
+    #[test]
+    fn relative_error_sees_nans_and_infinities() {
+        let want = array(vec![1.0, -4.0, f64::NAN, f64::INFINITY]);
+        let close = array(vec![1.0, -3.0, f64::NAN, f64::INFINITY]);
+        assert_eq!(relative_error(&close, &want), 0.25);
+        for (i, bad) in [f64::NAN, f64::INFINITY, 0.0].into_iter().enumerate() {
+            let mut values = vec![1.0, -4.0, f64::NAN, f64::INFINITY];
+            values[if i == 2 { 3 } else { 0 }] = bad;
+            assert_eq!(
+                relative_error(&array(values), &want),
+                f64::INFINITY,
+                "{bad}"
+            );
+        }
+        assert_eq!(relative_error(&array(vec![1.0]), &want), f64::INFINITY);
+    }
 }

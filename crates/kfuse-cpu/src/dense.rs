@@ -615,28 +615,21 @@ fn epilogue_into_body<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>) {
 /// subnormal costs an Intel core a microcode assist in every instruction that writes or reads
 /// it, here and in the GEMM that reads the activations next.
 fn slice_form<T: Real>(activation: Activation, values: &mut [T]) {
-    let transcendental = || crate::fpmode::FlushSubnormalResults::new();
+    let transcendental = matches!(
+        activation,
+        Activation::GeluTanh
+            | Activation::Gelu
+            | Activation::Silu
+            | Activation::Sigmoid
+            | Activation::Tanh
+    );
+    let _flush = transcendental.then(crate::fpmode::FlushSubnormalResults::new);
     match activation {
-        Activation::GeluTanh => {
-            let _flush = transcendental();
-            T::gelu_tanh_slice(values)
-        }
-        Activation::Gelu => {
-            let _flush = transcendental();
-            T::gelu_slice(values)
-        }
-        Activation::Silu => {
-            let _flush = transcendental();
-            T::silu_slice(values)
-        }
-        Activation::Sigmoid => {
-            let _flush = transcendental();
-            T::sigmoid_slice(values)
-        }
-        Activation::Tanh => {
-            let _flush = transcendental();
-            T::tanh_slice(values)
-        }
+        Activation::GeluTanh => T::gelu_tanh_slice(values),
+        Activation::Gelu => T::gelu_slice(values),
+        Activation::Silu => T::silu_slice(values),
+        Activation::Sigmoid => T::sigmoid_slice(values),
+        Activation::Tanh => T::tanh_slice(values),
         Activation::Relu => values.iter_mut().for_each(|v| *v = relu(*v)),
         Activation::HardSwish { divide_last } => {
             if let Some(values) = T::f32s_mut(values) {
