@@ -11,7 +11,7 @@
 //! (Emerald Rapids) its two layers took 162–175 ms against 70–73 ms for the same two GEMMs on
 //! normal data. AMD's Zen 5 takes no such assist and ran both alike.
 //!
-//! [`FlushSubnormalResults`] sets FTZ on the calling thread for as long as it lives. Fast
+//! `FlushSubnormalResults` sets FTZ on the calling thread for as long as it lives. Fast
 //! numerics hold one while a structured kernel's epilogue applies one of those activations
 //! (`dense::slice_form`), so that their subnormal results come out as zeros of the same sign:
 //! an error below `f32::MIN_POSITIVE` (about 1.2e-38), where the next GEMM would otherwise read
@@ -72,25 +72,24 @@ pub fn flushing() -> bool {
 }
 
 /// Subnormal results are flushed to zero on the calling thread until this is dropped; the
-/// previous mode comes back then. Guards nest.
+/// previous mode comes back then. Guards nest. A guard stays on its thread (it is not `Send`),
+/// since it restores the mode of the thread that made it.
 #[must_use = "the mode lasts only as long as the guard"]
-pub struct FlushSubnormalResults {
+pub(crate) struct FlushSubnormalResults {
     saved: u32,
+    _thread: std::marker::PhantomData<*const ()>,
 }
 
 impl FlushSubnormalResults {
-    pub fn new() -> FlushSubnormalResults {
+    pub(crate) fn new() -> FlushSubnormalResults {
         let saved = control();
         if cfg!(target_arch = "x86_64") && saved & FTZ == 0 {
             set_control(saved | FTZ);
         }
-        FlushSubnormalResults { saved }
-    }
-}
-
-impl Default for FlushSubnormalResults {
-    fn default() -> Self {
-        FlushSubnormalResults::new()
+        FlushSubnormalResults {
+            saved,
+            _thread: std::marker::PhantomData,
+        }
     }
 }
 
