@@ -82,8 +82,9 @@ pub(crate) struct FlushSubnormalResults {
 
 impl FlushSubnormalResults {
     pub(crate) fn new() -> FlushSubnormalResults {
+        // Elsewhere `control` is 0 and `set_control` does nothing.
         let saved = control();
-        if cfg!(target_arch = "x86_64") && saved & FTZ == 0 {
+        if saved & FTZ == 0 {
             set_control(saved | FTZ);
         }
         FlushSubnormalResults {
@@ -95,7 +96,7 @@ impl FlushSubnormalResults {
 
 impl Drop for FlushSubnormalResults {
     fn drop(&mut self) {
-        if cfg!(target_arch = "x86_64") && self.saved & FTZ == 0 {
+        if self.saved & FTZ == 0 {
             set_control(self.saved);
         }
     }
