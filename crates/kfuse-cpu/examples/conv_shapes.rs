@@ -3,10 +3,34 @@
 //! 20 runs, in ms and GFLOP/s.
 //!
 //! `cargo run --release -p kfuse-cpu --example conv_shapes`
+//!
+//! `SHAPES="8,256,64,56,1,1;8,64,256,56,1,1"` (batch, channels in, out, image side, kernel
+//! side, stride; shapes separated by `;`) measures those shapes instead.
 
 use kfuse_cpu::conv::{conv2d, routine, Epilogue, View};
 use kfuse_ir::{Conv2dAttrs, DType, Layout, Storage};
+use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
 use std::time::Instant;
+
+/// Every allocation aligned to a cache line, as the `kfuse` binary's allocator
+/// (`kfuse::CacheAligned`) aligns large ones: the direct kernels stream their output only to
+/// whole aligned lines.
+struct LineAligned;
+
+// SAFETY: forwards to the system allocator with a stricter alignment, the same on both sides.
+unsafe impl GlobalAlloc for LineAligned {
+    unsafe fn alloc(&self, layout: AllocLayout) -> *mut u8 {
+        // SAFETY: a valid layout, widened to a larger power-of-two alignment.
+        unsafe { System.alloc(layout.align_to(64).unwrap()) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: AllocLayout) {
+        // SAFETY: allocated above with this widened layout.
+        unsafe { System.dealloc(ptr, layout.align_to(64).unwrap()) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: LineAligned = LineAligned;
 
 fn main() {
     // (n, c_in, c_out, h = w, k, stride)
@@ -25,7 +49,22 @@ fn main() {
         (8, 512, 512, 14, 3, 2),
         (8, 1024, 2048, 14, 1, 2),
     ];
-    for (n, c, co, hw, k, s) in shapes {
+    // `SHAPES="8,256,64,56,1,1;8,64,256,56,1,1"` measures those shapes instead.
+    let chosen: Vec<(usize, usize, usize, usize, usize, usize)> = match std::env::var("SHAPES") {
+        Ok(list) => list
+            .split(';')
+            .map(|shape| {
+                let v: Vec<usize> = shape
+                    .split(',')
+                    .map(|d| d.trim().parse().expect("SHAPES: n,c,co,hw,k,s;..."))
+                    .collect();
+                assert!(v.len() == 6, "SHAPES: n,c,co,hw,k,s;...");
+                (v[0], v[1], v[2], v[3], v[4], v[5])
+            })
+            .collect(),
+        Err(_) => shapes.to_vec(),
+    };
+    for (n, c, co, hw, k, s) in chosen {
         let p = k / 2;
         let o = (hw + 2 * p - k) / s + 1;
         let x = Storage::F32(
@@ -50,6 +89,22 @@ fn main() {
         let _constant = kfuse_cpu::constants::register([&w]);
         let (xd, wd, yd) = ([n, c, hw, hw], [co, c, k, k], [n, co, o, o]);
         let mut y = Storage::F32(vec![0.0; n * co * o * o]);
+        let epi_kind: usize = std::env::var("EPI")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let bias = Storage::F32((0..co).map(|i| (i % 5) as f32 * 0.01).collect());
+        let residual = Storage::F32(
+            (0..n * co * o * o)
+                .map(|i| (i % 11) as f32 * 0.01)
+                .collect(),
+        );
+        let epilogue = Epilogue {
+            bias: (epi_kind > 0).then_some(&bias),
+            residual: (epi_kind > 1).then_some(&residual),
+            activation: (epi_kind > 0).then_some(kfuse_cpu::dense::Activation::Relu),
+            ..Epilogue::default()
+        };
         let mut times: Vec<f64> = (0..21)
             .map(|_| {
                 let t = Instant::now();
@@ -63,7 +118,7 @@ fn main() {
                         dims: &wd,
                     },
                 );
-                conv2d(x, w, &attrs, &yd, &mut y, &Epilogue::default()).unwrap();
+                conv2d(x, w, &attrs, &yd, &mut y, &epilogue).unwrap();
                 t.elapsed().as_secs_f64() * 1e3
             })
             .skip(1)

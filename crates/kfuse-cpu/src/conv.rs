@@ -505,13 +505,10 @@ impl Route {
             Route::Pointwise if small_pointwise(g) => {
                 "the direct 8×48 microkernel as a 1×1 convolution, each small image in two phases over the threads".into()
             }
-            Route::Pointwise if g.stride != [1, 1] => format!(
+            Route::Pointwise => format!(
                 "the direct 8×48 microkernel as a 1×1 convolution, on a copy of every {}×{} pixel of each band's input rows",
                 g.stride[0], g.stride[1]
             ),
-            Route::Pointwise => {
-                "the direct 8×48 microkernel as a 1×1 convolution, reading each band's input rows in place".into()
-            }
             Route::Winograd => {
                 "Winograd F(2×2, 3×3): input and output transforms around 16 GEMMs on the direct 8×48 microkernel (16 multiplications per 2×2 outputs where direct takes 36)".into()
             }
@@ -575,34 +572,46 @@ fn small_pointwise(g: &Geometry) -> bool {
         && crate::dense::has_avx512()
 }
 
-/// Whether `g` is a 1×1 convolution of at least 64 channels in and out onto images of at least
-/// 14×14 (f32 NCHW on AVX-512), which the direct microkernel runs faster than the `gemm` crate
-/// since its blocks store straight from their registers. `conv::conv2d` alone, weights packed
-/// at each call, median of 15 calls, in ms, `gemm` against direct (two runs of each):
+/// Whether `g` is a strided 1×1 convolution of at least 64 channels in and out onto an output
+/// of at least 14×14 (f32 NCHW on AVX-512), which the direct microkernel runs on a copy of
+/// every stride-th pixel of each band's input rows, where im2col took the same pixels as its
+/// columns. `conv::conv2d` alone, ms, `gemm` against direct: 8×64×56×56 → 128 at stride 2
+/// (ResNet-18) 0.30–0.32 against 0.36–0.37, 8×128×28×28 → 256 0.28 against 0.35 (the AMD host
+/// of earlier sessions). On the Intel reference host, paired in-process runs with a bias and
+/// ReLU, `gemm` over direct: 8×256×56×56 → 512 0.93, 8×512×28×28 → 1024 1.08, 8×1024×14×14 →
+/// 2048 1.03 (this last one takes tap planes, `direct::on_tap_planes`).
 ///
-/// | shape | `gemm` | direct |
+/// Stride-1 1×1 convolutions run on the `gemm` crate. The direct microkernel led it by 3–9%
+/// on the AMD host, reading each band's input rows in place; on the Intel reference host
+/// `gemm` leads wherever the input has 96 or more channels, and mostly elsewhere.
+/// `conv::conv2d` alone (`examples/conv_shapes.rs`), the two routes alternating in one
+/// process, 31–41 rounds, median of the paired ratio `gemm` / direct, without an epilogue /
+/// with bias and ReLU / with bias, residual and ReLU:
+///
+/// | shape | read in place | on a copy of each band's rows |
 /// |---|---|---|
-/// | 8×64×112×112 → 128 | 4.70–4.74 | 4.34–4.43 |
-/// | 8×64×56×56 → 256 | 2.02–2.08 | 1.90–1.93 |
-/// | 8×256×56×56 → 64 | 2.63 | 2.55–2.62 |
-/// | 8×512×28×28 → 128 | 2.19–2.20 | 2.05 |
-/// | 8×1024×14×14 → 256 | 2.05–2.09 | 1.98–2.01 |
-/// | 8×256×14×14 → 1024 | 1.99–2.01 | 1.93–1.94 |
+/// | 8×256×56×56 → 64 | 0.77 / 0.80–0.92 / 0.81 | 0.71 / 0.67 / 0.77 |
+/// | 8×256×56×56 → 128 | 0.76 / 0.78–0.80 / 0.81 | 0.77 / 0.78 / 0.78 |
+/// | 8×512×28×28 → 128 | 0.79 / 0.81–0.85 / 0.83 | 0.80 / 0.86 / 0.88 |
+/// | 8×1024×14×14 → 256 | 0.82 / 0.88–0.97 / 0.83 | 0.87 / 0.88 / 0.90 |
+/// | 8×128×28×28 → 512 | 0.96 / 0.88–0.91 / 0.99 | 0.92 / 0.92 / 0.91 |
+/// | 8×256×14×14 → 1024 | 0.82 / 0.89–0.91 / 0.85 | 0.90 / 0.95 / 0.93 |
+/// | 8×128×56×56 → 128 | 0.78 / 0.77–0.79 / 0.84 | 0.79 / 0.81 / 0.87 |
+/// | 8×96×56×56 → 96 | 0.85 / 0.87 / 0.84 | |
+/// | 8×64×56×56 → 64 | 0.76–0.86 / 0.86–0.93 / 0.77–0.83 | 0.76 / 0.74 / 0.76 |
+/// | 8×64×56×56 → 256 | 0.93–0.94 / 0.99–1.05 / 0.91–0.93 | 0.92 / 1.02 / 0.91 |
+/// | 8×64×112×112 → 128 | 0.80 / 0.99–1.07 / 0.82 | 0.95 / 1.07 / 0.92 |
 ///
-/// `gemm` stays ahead on 7×7 images (8×512×7×7 → 2048: 2.23 against 2.73) and where either
-/// side has few channels, which is bound by memory (8×144×56×56 → 24: 0.39 against 0.62;
-/// 8×24×56×56 → 144: 0.42 against 0.49).
-///
-/// At a stride (ResNet's down-sampling shortcuts) the band's copy takes every stride-th pixel,
-/// where im2col took the same pixels as its columns: 8×64×56×56 → 128 at stride 2 (ResNet-18)
-/// 0.30–0.32 against 0.36–0.37 ms, 8×128×28×28 → 256 0.28 against 0.35, 8×256×56×56 → 512
-/// (ResNet-50) 4.27–4.42 against 4.38–4.40, 8×512×28×28 → 1024 4.28–4.29 against 4.38–4.40.
-/// (Past 256 input channels a block's 48 positions of every channel no longer fit in L1, and
-/// the microkernel's lead shrinks.)
+/// The microkernel's column of 48 positions over 256 input channels (48 KB) no longer fits in
+/// L1 beside its weights, where `gemm` blocks the sum; with 64 channels the two tie, the
+/// direct kernel ahead only with an epilogue on a streamed output. (The separable block's
+/// projection stays on the microkernel: there its tile is in L2, and `gemm` on the tile
+/// measured 7–11% slower.)
 fn wide_pointwise(g: &Geometry) -> bool {
-    // The output is every stride-th pixel of the input (all of them at stride 1): no padding.
+    // The output is every stride-th pixel of the input: no padding.
     g.kh == 1
         && g.kw == 1
+        && g.stride != [1, 1]
         && g.pad == [0, 0]
         && g.y[2] == (g.x[2].max(1) - 1) / g.stride[0] + 1
         && g.y[3] == (g.x[3].max(1) - 1) / g.stride[1] + 1
@@ -1297,16 +1306,17 @@ mod routes {
     }
 
     /// 1×1 convolutions run on the direct microkernel where it was measured faster than the
-    /// `gemm` crate (see `wide_pointwise`, `direct::narrow_pointwise`), and on `gemm`
-    /// elsewhere.
+    /// `gemm` crate (see `small_pointwise`, `wide_pointwise`, `direct::narrow_pointwise`), and
+    /// on `gemm` elsewhere: stride-1 ones onto images of 14×14 and more among them.
     #[test]
     fn pointwise_convolutions_take_their_routines() {
         if !crate::dense::has_avx512() {
             eprintln!("skipped: the direct microkernel needs AVX-512, which this CPU lacks");
             return;
         }
-        assert_eq!(route(8, 64, 128, 112, 1, 1), Route::Pointwise);
-        assert_eq!(route(8, 1024, 256, 14, 1, 1), Route::Pointwise);
+        assert_eq!(route(8, 64, 128, 112, 1, 1), Route::Im2col);
+        assert_eq!(route(8, 256, 64, 56, 1, 1), Route::Im2col);
+        assert_eq!(route(8, 1024, 256, 14, 1, 1), Route::Im2col);
         assert_eq!(route(8, 512, 2048, 7, 1, 1), Route::Direct);
         assert_eq!(route(8, 2048, 512, 7, 1, 1), Route::Direct);
         assert_eq!(route(1, 2048, 512, 7, 1, 1), Route::Pointwise);

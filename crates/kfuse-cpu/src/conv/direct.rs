@@ -1457,7 +1457,6 @@ fn separable_stored(
         &|_, _| 0,
         &fill,
         &input_of,
-        None,
     );
 }
 
@@ -1493,26 +1492,13 @@ pub(super) fn pointwise(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], pos
     let row_bytes = c * ow * std::mem::size_of::<f32>();
     let stream = std::mem::size_of_val(y) >= crate::c::STREAM_MIN_BYTES;
     let dims = [g.x[0], c, g.y[2], g.y[3]];
-    let in_h = g.x[2];
-    let plane = in_h * w;
-    // At stride 1 a band's positions are a run of each channel's plane, read in place where
-    // its last block stays inside the input (not copied into a tile), its input asked for
-    // into L2 while the band before it computes. `conv::conv2d` alone, weights registered,
-    // two threads, alternating runs, ms: 8×256×56×56 → 64 2.79–3.15 → 2.52–2.62; → 128
-    // 4.72–5.20 → 4.43–4.57; 8×64×56×56 → 256 2.15–2.43 → 1.98–2.08; 8×64×112×112 → 128
-    // (W6a's pointwise half) 5.18–5.52 → 4.95–5.11; 8×512×28×28 → 128 and 8×1024×14×14 →
-    // 256 alike.
+    // At stride 1 the next band's input rows are asked for into L2 as the blocks run.
     let direct = sh == 1 && sw == 1;
     let input_of = |n: usize, band: &std::ops::Range<usize>| {
         (0..c)
             .filter(|_| direct)
             .map(|ch| &xs[g.x_offset(n, ch, band.start, 0)..][..band.len() * w])
             .collect()
-    };
-    let in_place = |n: usize, band: &std::ops::Range<usize>| {
-        let start = g.x_offset(n, 0, band.start, 0);
-        let reach = (c - 1) * plane + (band.len() * w).div_ceil(QB) * QB;
-        (direct && start + reach <= xs.len()).then(|| (&xs[start..], plane))
     };
     pointwise_bands(
         dims,
@@ -1525,7 +1511,6 @@ pub(super) fn pointwise(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], pos
         &|_, _| 0,
         &fill,
         &input_of,
-        Some(&in_place),
     );
 }
 
@@ -1656,7 +1641,6 @@ pub(super) fn inverted_residual(
         &extra,
         &fill,
         &|_, _| Vec::new(),
-        None,
     );
 }
 
@@ -1675,12 +1659,6 @@ type Extra<'a> = dyn Fn(&std::ops::Range<usize>, usize) -> usize + Sync + 'a;
 /// The input a band's fill reads: `(n, rows)` to the slices (one per channel) to ask for
 /// ahead of it.
 type InputOf<'a, 'b> = dyn Fn(usize, &std::ops::Range<usize>) -> Vec<&'b [f32]> + Sync + 'a;
-
-/// Where a band's planes can be read in place instead of filled into a tile: `(n, rows)` to
-/// the input from the band's first position of its first channel, and the channels' stride
-/// (every block of the band then lies inside it).
-type InPlace<'a, 'b> =
-    dyn Fn(usize, &std::ops::Range<usize>) -> Option<(&'b [f32], usize)> + Sync + 'a;
 
 /// The pointwise product by `wp` (`c_out × c`) of the `c` planes of `[n, c, oh, ow]` that
 /// `fill` writes for each band of rows, into `y` (`[n, c_out, oh, ow]`) with the epilogue;
@@ -1706,7 +1684,6 @@ fn pointwise_bands(
     extra: &Extra,
     fill: &Fill,
     input_of: &InputOf,
-    in_place: Option<&InPlace>,
 ) {
     // The bands store straight to the output and add the residual in registers; the small
     // images' groups store to a stage and add it as they copy out.
@@ -1841,9 +1818,6 @@ fn pointwise_bands(
         } else {
             Vec::new()
         };
-        if let Some((x, plane)) = in_place.and_then(|f| f(n, &band)) {
-            return project(n, &band, x, plane, 0..c_out, &ahead);
-        }
         with_scratch(c * q_blocks + extra(&band, c), |scratch: &mut [f32]| {
             let (tile, rest_of_scratch) = scratch.split_at_mut(c * q_blocks);
             zero_tails(tile, p, q_blocks);
