@@ -5,7 +5,8 @@
 //! `cargo run --release -p kfuse-cpu --example conv_shapes`
 //!
 //! `SHAPES="8,256,64,56,1,1;8,64,256,56,1,1"` (batch, channels in, out, image side, kernel
-//! side, stride; shapes separated by `;`) measures those shapes instead.
+//! side, stride; shapes separated by `;`) measures those shapes instead; `EPI=1` adds a bias
+//! and ReLU to each convolution, `EPI=2` a bias, a residual and ReLU.
 
 use kfuse_cpu::conv::{conv2d, routine, Epilogue, View};
 use kfuse_ir::{Conv2dAttrs, DType, Layout, Storage};
@@ -49,7 +50,6 @@ fn main() {
         (8, 512, 512, 14, 3, 2),
         (8, 1024, 2048, 14, 1, 2),
     ];
-    // `SHAPES="8,256,64,56,1,1;8,64,256,56,1,1"` measures those shapes instead.
     let chosen: Vec<(usize, usize, usize, usize, usize, usize)> = match std::env::var("SHAPES") {
         Ok(list) => list
             .split(';')
