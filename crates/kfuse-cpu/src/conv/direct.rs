@@ -1408,11 +1408,11 @@ unsafe fn gather_column(taps: &Taps, cg: usize, vectors: usize, out: &mut [Line]
         let base = taps.x.wrapping_offset(off);
         for c in 0..cg {
             let at = base.wrapping_add(c * taps.plane);
-            for v in 0..vectors {
+            for (v, &mask) in masks.iter().enumerate().take(vectors) {
                 // SAFETY: the caller vouches for the lanes the mask lets through; `out` holds
                 // the term's lines (asserted).
                 unsafe {
-                    let value = _mm512_maskz_loadu_ps(masks[v], at.wrapping_add(16 * v));
+                    let value = _mm512_maskz_loadu_ps(mask, at.wrapping_add(16 * v));
                     _mm512_store_ps(out.as_mut_ptr().add((t * cg + c) * NV + v).cast(), value);
                 }
             }
