@@ -10,27 +10,10 @@
 
 use kfuse_cpu::conv::{conv2d, Epilogue, View};
 use kfuse_ir::{Conv2dAttrs, Layout, Storage};
-use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
 use std::time::Instant;
 
-/// Every allocation aligned to a cache line, as the runtime's allocator aligns large ones: a
-/// buffer 16 bytes off a line would make every vector load of the kernel span two lines.
-struct LineAligned;
-
-// SAFETY: forwards to the system allocator with a stricter alignment, the same on both sides.
-unsafe impl GlobalAlloc for LineAligned {
-    unsafe fn alloc(&self, layout: AllocLayout) -> *mut u8 {
-        // SAFETY: a valid layout, widened to a larger power-of-two alignment.
-        unsafe { System.alloc(layout.align_to(64).unwrap()) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: AllocLayout) {
-        // SAFETY: allocated above with this widened layout.
-        unsafe { System.dealloc(ptr, layout.align_to(64).unwrap()) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: LineAligned = LineAligned;
+#[path = "common/line_aligned.rs"]
+mod line_aligned;
 
 fn main() {
     let env = |name: &str, default: usize| {

@@ -537,6 +537,24 @@ fn conv_copied(
                     }
                 }
                 for (qb, b) in order {
+                    let finish = Finish {
+                        bias: bias.map(|bias| {
+                            std::array::from_fn(|o| bias.get(b * OB + o).copied().unwrap_or(0.0))
+                        }),
+                        residual,
+                        act,
+                        stream: false,
+                    };
+                    let part = Dst {
+                        ptr: dst.ptr.wrapping_add(b * OB * dst.stride + qb),
+                        stride: dst.stride,
+                        channels: (og - b * OB).min(OB),
+                        valid: valid - qb,
+                    };
+                    if let Some(r) = &residual {
+                        r.prefetch(&part);
+                    }
+                    let per_block = terms * OB;
                     if pack && qb < full {
                         // SAFETY: the block's column, `terms * NV` lines of 16 floats, gathered
                         // above.
@@ -546,26 +564,6 @@ fn conv_copied(
                                 terms * QB,
                             )
                         };
-                        let finish = Finish {
-                            bias: bias.map(|bias| {
-                                std::array::from_fn(|o| {
-                                    bias.get(b * OB + o).copied().unwrap_or(0.0)
-                                })
-                            }),
-                            residual,
-                            act,
-                            stream: false,
-                        };
-                        let part = Dst {
-                            ptr: dst.ptr.wrapping_add(b * OB * dst.stride + qb),
-                            stride: dst.stride,
-                            channels: (og - b * OB).min(OB),
-                            valid: valid - qb,
-                        };
-                        if let Some(r) = &residual {
-                            r.prefetch(&part);
-                        }
-                        let per_block = terms * OB;
                         let w = &w[b * per_block..][..per_block];
                         // SAFETY: `applies` checked AVX-512; `block` checks its reads of the
                         // column and the weights (tap-major, as the column's terms), and its
@@ -585,24 +583,6 @@ fn conv_copied(
                         offsets: &offsets,
                         masks: &masks[qb / QB * shifts.len()..][..shifts.len()],
                     };
-                    let finish = Finish {
-                        bias: bias.map(|bias| {
-                            std::array::from_fn(|o| bias.get(b * OB + o).copied().unwrap_or(0.0))
-                        }),
-                        residual,
-                        act,
-                        stream: false,
-                    };
-                    let part = Dst {
-                        ptr: dst.ptr.wrapping_add(b * OB * dst.stride + qb),
-                        stride: dst.stride,
-                        channels: (og - b * OB).min(OB),
-                        valid: valid - qb,
-                    };
-                    if let Some(r) = &residual {
-                        r.prefetch(&part);
-                    }
-                    let per_block = cg * offsets.len() * OB;
                     // SAFETY: `applies` checked AVX-512. Every lane a mask lets through reads
                     // a pixel of this image's channels of the group (the masks test the row
                     // and column against the input's), so within `xs`; the stores go to rows
