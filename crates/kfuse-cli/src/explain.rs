@@ -33,13 +33,13 @@ fn tile_shape(step: &Step) -> Option<[usize; 2]> {
 /// convolution with no depthwise half (a separable block has its own kernel).
 fn conv_routine(program: &Program, step: &Step) -> Option<String> {
     use kfuse::kernel::{Anchor, StructuredCall};
-    let (attrs, x, w, y) = match step {
+    let (attrs, x, w, y, pool) = match step {
         Step::Library {
             op: kfuse::Op::Conv2d(attrs),
             inputs,
             outputs,
             ..
-        } => (attrs, inputs[0], inputs[1], outputs[0]),
+        } => (attrs, inputs[0], inputs[1], outputs[0], None),
         Step::Structured {
             call:
                 StructuredCall {
@@ -48,22 +48,34 @@ fn conv_routine(program: &Program, step: &Step) -> Option<String> {
                             depthwise: None,
                             conv,
                         },
+                    pool,
                     ..
                 },
             inputs,
             outputs,
             ..
-        } => (conv, inputs[0], inputs[1], outputs[0]),
+        } => (conv, inputs[0], inputs[1], outputs[0], pool.as_ref()),
         _ => return None,
     };
     let ty = |b| &program.buffer(b).ty;
-    Some(kfuse::cpu::conv::routine(
-        ty(x).shape.dims(),
-        ty(w).shape.dims(),
-        attrs,
-        ty(y).shape.dims(),
-        ty(x).dtype,
-    ))
+    let (x, w) = (ty(x), ty(w));
+    Some(match pool {
+        Some(pool) => kfuse::cpu::conv::pooled_routine(
+            x.shape.dims(),
+            w.shape.dims(),
+            attrs,
+            pool.conv_ty.shape.dims(),
+            x.dtype,
+            &pool.attrs,
+        ),
+        None => kfuse::cpu::conv::routine(
+            x.shape.dims(),
+            w.shape.dims(),
+            attrs,
+            ty(y).shape.dims(),
+            x.dtype,
+        ),
+    })
 }
 
 /// The `code:` line of a fused kernel in the text report.
@@ -408,6 +420,26 @@ fn structured_head(graph: &Graph, group: &kfuse::fusion::StructuredGroup) -> Str
         parts.push(format!(
             "epilogue {} applied to each output tile while hot",
             epilogue.join(" + ")
+        ));
+    }
+    if let Some(p) = group.pool {
+        let what = match &graph.node(p).op {
+            kfuse::Op::Pool2d(a) => format!(
+                "{} pool2d %{} ({}×{} window, stride {}×{})",
+                match a.kind {
+                    kfuse::PoolKind::Max => "max",
+                    kfuse::PoolKind::Avg => "average",
+                },
+                p.0,
+                a.window[0],
+                a.window[1],
+                a.stride[0],
+                a.stride[1]
+            ),
+            other => format!("{} %{}", other.name(), p.0),
+        };
+        parts.push(format!(
+            "{what} applied to the convolution's rows band by band in cache (the convolution's output is never stored)"
         ));
     }
     format!(

@@ -27,8 +27,11 @@ use crate::Pool;
 
 mod depthwise;
 mod direct;
+mod pooled;
 mod shifted;
 mod winograd;
+
+pub use pooled::{conv2d_pooled, pooled_routine, pools_in_one_pass};
 
 /// Bytes of the per-task tile (im2col columns or depthwise output) aimed for: the size of one
 /// core's L2 on the machine kfuse is measured on (1 MiB measured faster than 256 KiB for W6b
@@ -449,6 +452,14 @@ fn conv2d_typed<T: Real>(
     if y.is_empty() {
         return Ok(());
     }
+    convolve(&g, xs, ws, y, post);
+    Ok(())
+}
+
+/// The convolution `g` of `xs` by `ws` into `y`, with `post`, on the routine [`Route::of`]
+/// picks.
+fn convolve<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Post<T>) {
+    let g = *g;
     match Route::of(&g, T::f32s(xs).is_some()) {
         Route::Depthwise => depthwise(&g, xs, ws, y, post),
         Route::Shifted => shifted::conv(&g, xs, ws, y, post),
@@ -466,7 +477,6 @@ fn conv2d_typed<T: Real>(
             }
         }
     }
-    Ok(())
 }
 
 /// The routine a convolution runs on, picked in this order.

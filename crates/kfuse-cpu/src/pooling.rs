@@ -51,6 +51,35 @@ pub fn pool2d(
     }
 }
 
+/// [`pool2d`] of slices: `xs` (`x_dims`) into `ys` (`out_dims`).
+pub(crate) fn pool_slices<T: Real>(
+    xs: &[T],
+    x_dims: &[usize],
+    attrs: &Pool2dAttrs,
+    out_dims: &[usize],
+    ys: &mut [T],
+) -> Result<(), String> {
+    run(xs, x_dims, attrs, out_dims, ys)
+}
+
+/// Max pooling of one plane held as `h` rows of `w` values `pitch` apart in `x`, into `out`
+/// (`oh × ow`), with `attrs`' window, stride, dilation and padding (its layout aside), on
+/// AVX-512 (F and DQ; the caller checks). False where the plane holds a NaN: `out` is then
+/// unspecified, and the caller pools the plane with [`pool_slices`], which keeps the
+/// reference's NaN.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn max_plane_strided(
+    attrs: &Pool2dAttrs,
+    [h, w]: [usize; 2],
+    x: &[f32],
+    pitch: usize,
+    [oh, ow]: [usize; 2],
+    out: &mut [f32],
+) -> bool {
+    debug_assert!(attrs.kind == PoolKind::Max && crate::dense::has_avx512());
+    avx512::max_strided(attrs, [h, w], x, pitch, [oh, ow], out)
+}
+
 fn nchw(dims: &[usize], layout: Layout) -> [usize; 4] {
     match layout {
         Layout::Nchw => [dims[0], dims[1], dims[2], dims[3]],
@@ -284,6 +313,34 @@ mod avx512 {
         }
     }
 
+    /// See [`super::max_plane_strided`].
+    pub(super) fn max_strided(
+        attrs: &kfuse_ir::Pool2dAttrs,
+        [h, w]: [usize; 2],
+        x: &[f32],
+        pitch: usize,
+        [oh, ow]: [usize; 2],
+        out: &mut [f32],
+    ) -> bool {
+        let g = Geometry {
+            attrs,
+            x: [1, 1, h, w],
+            y: [1, 1, oh, ow],
+        };
+        assert!(x.len() >= (h - 1) * pitch + w && out.len() >= oh * ow && pitch >= w);
+        ROWS.with(|rows| {
+            let mut rows = rows.borrow_mut();
+            rows.resize(h * ow, 0.0);
+            // SAFETY: the caller checked for AVX-512F and DQ.
+            !unsafe { max_plane(&g, x, pitch, &mut rows, out) }
+        })
+    }
+
+    thread_local! {
+        /// Each thread's horizontal maxima for [`max_strided`].
+        static ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
     pub(super) fn run(g: &Geometry, xs: &[f32], ys: &mut [f32]) {
         match g.attrs.layout {
             Layout::Nchw => nchw(g, xs, ys),
@@ -318,7 +375,7 @@ mod avx512 {
                 // SAFETY: the CPU has AVX-512F and DQ (the caller checked).
                 let nan = unsafe {
                     match g.attrs.kind {
-                        PoolKind::Max => max_plane(g, x, &mut rows, y),
+                        PoolKind::Max => max_plane(g, x, w, &mut rows, y),
                         PoolKind::Avg => {
                             avg_plane(g, x, y);
                             false
@@ -341,8 +398,14 @@ mod avx512 {
     /// Max pooling of one plane: each input row's maxima over the window's columns into
     /// `rows` (`h × ow`), then each output row's over the window's rows.
     #[target_feature(enable = "avx512f,avx512dq")]
-    unsafe fn max_plane(g: &Geometry, x: &[f32], rows: &mut [f32], y: &mut [f32]) -> bool {
-        let [_, _, h, w] = g.x;
+    unsafe fn max_plane(
+        g: &Geometry,
+        x: &[f32],
+        pitch: usize,
+        rows: &mut [f32],
+        y: &mut [f32],
+    ) -> bool {
+        let h = g.x[2];
         let [_, _, oh, ow] = g.y;
         let a = g.attrs;
         let [kh, kw] = a.window;
@@ -353,7 +416,7 @@ mod avx512 {
         for hh in 0..h {
             // The row and the rest of the plane: loads may reach past the row's end (the lanes
             // past it are dropped), so that only the plane's last row masks them.
-            let row = &x[hh * w..];
+            let row = &x[hh * pitch..];
             let out = &mut rows[hh * ow..][..ow];
             for o in (0..lo).chain(hi..ow) {
                 let mut acc = f32::NEG_INFINITY;

@@ -74,6 +74,9 @@ pub struct StructuredGroup {
     /// Matmul only: a `cast` of the previous result to another float dtype, the group's last
     /// step (the product is written in that dtype, tile by tile).
     pub cast: Option<NodeId>,
+    /// Convolution only: a `pool2d` of the previous result, the group's last step (ResNet's
+    /// stem: its max pool). The convolution's result is pooled band by band from cache.
+    pub pool: Option<NodeId>,
 }
 
 /// The activations a structured kernel applies to its output tiles: elementwise, with a
@@ -220,12 +223,14 @@ impl StructuredGroup {
             .chain(self.activation_inner.iter().flatten().copied())
             .chain(self.activation)
             .chain(self.cast)
+            .chain(self.pool)
             .collect()
     }
 
     /// The node whose result the group writes.
     pub fn last(&self) -> NodeId {
-        self.cast
+        self.pool
+            .or(self.cast)
             .or(self.activation)
             .or(self.residual_add)
             .or(self.scale_mul)
@@ -289,6 +294,13 @@ impl StructuredGroup {
                 epilogue.join(" + ")
             ));
         }
+        if let Some(p) = self.pool {
+            parts.push(format!(
+                "{} applied to the convolution's rows band by band in cache (the \
+                 convolution's result is never stored)",
+                name(p)
+            ));
+        }
         format!(
             "written by {} %{} with {}",
             graph.node(self.anchor).op.name(),
@@ -307,6 +319,7 @@ impl StructuredGroup {
             || self.residual_add.is_some()
             || self.activation.is_some()
             || self.cast.is_some()
+            || self.pool.is_some()
     }
 }
 
@@ -584,6 +597,60 @@ fn cast_after(
     None
 }
 
+/// The `pool2d` that alone reads the result of convolution group `group` (so far), where the
+/// CPU backend may pool it in the convolution's pass: a strided f32 NCHW convolution with no
+/// residual, not the end of a separable block, pooled in its own layout. A note says why a
+/// pooling that reads such a convolution stays a kernel of its own.
+fn pool_after(
+    graph: &Graph,
+    users: &BTreeMap<Value, Vec<NodeId>>,
+    group: &StructuredGroup,
+    notes: &mut Vec<String>,
+) -> Option<NodeId> {
+    let Op::Conv2d(attrs) = &graph.node(group.anchor).op else {
+        return None;
+    };
+    let last = group.last();
+    let v = value(last);
+    let pool = users
+        .get(&v)?
+        .iter()
+        .copied()
+        .find(|&u| matches!(graph.node(u).op, Op::Pool2d(_)))?;
+    let Op::Pool2d(pool_attrs) = &graph.node(pool).op else {
+        unreachable!("found as a pool2d")
+    };
+    let why = if attrs.stride[0] < 2 || attrs.stride[1] < 2 {
+        "the convolution is not strided (only a strided one is pooled in its own pass)".to_string()
+    } else if attrs.layout != Layout::Nchw || pool_attrs.layout != Layout::Nchw {
+        "only NCHW convolutions are pooled in their own pass".to_string()
+    } else if graph.ty(v).dtype != kfuse_ir::DType::F32 {
+        format!(
+            "{} convolutions are not pooled in their own pass, only f32",
+            graph.ty(v).dtype
+        )
+    } else if group.residual_add.is_some() {
+        "the convolution adds a residual".to_string()
+    } else if group.depthwise.is_some() {
+        "the convolution ends a separable block".to_string()
+    } else {
+        match single_use(graph, users, v) {
+            Ok(_) => return Some(pool),
+            Err(why) => format!(
+                "{} %{} {}",
+                graph.node(last).op.name(),
+                last.0,
+                why.trim_start_matches("it ")
+            ),
+        }
+    };
+    notes.push(format!(
+        "conv2d %{} keeps pool2d %{} in a separate kernel: {why}",
+        group.anchor.0, pool.0
+    ));
+    None
+}
+
 /// Whether `bias` adds one value per channel to `conv`'s output without changing its shape.
 fn is_channel_bias(graph: &Graph, conv: NodeId, bias: Value) -> bool {
     let out = &graph.node(conv).types[0];
@@ -783,6 +850,7 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             activation: None,
             activation_inner: [None; 3],
             cast: None,
+            pool: None,
         };
         if graph.node(id).op == Op::MatMul {
             let operands = &graph.node(id).operands;
@@ -893,6 +961,7 @@ pub fn structured_groups(graph: &Graph, notes: &mut Vec<String>) -> Vec<Structur
             group.cast =
                 cast_after(graph, &users, (id, group.last()), notes).filter(|c| !taken.contains(c));
         }
+        group.pool = pool_after(graph, &users, &group, notes).filter(|p| !taken.contains(p));
         if group.absorbs() {
             taken.extend(group.nodes());
             groups.push(group);

@@ -9,5 +9,5 @@ pub use ir::{Access, Arg, IndexOp, Inst, InstId, InstKind, Kernel, Level};
 pub use kfuse_fusion::{Activation, Bounds};
 pub use lower::{lower, LowerError};
 pub use program::{
-    Anchor, BufId, Buffer, BufferKind, Depthwise, Expand, Program, Step, StructuredCall,
+    Anchor, BufId, Buffer, BufferKind, Depthwise, Expand, Pooled, Program, Step, StructuredCall,
 };

@@ -14,7 +14,7 @@ use kfuse_ir::{
 
 use crate::ir::{Access, Arg, IndexOp, Inst, InstId, InstKind, Kernel};
 use crate::program::{
-    Anchor, BufId, Buffer, BufferKind, Depthwise, Expand, Program, Step, StructuredCall,
+    Anchor, BufId, Buffer, BufferKind, Depthwise, Expand, Pooled, Program, Step, StructuredCall,
 };
 use crate::Activation;
 
@@ -159,6 +159,17 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
                         residual: group.residual.is_some(),
                         activation: group.activation.and_then(|a| Activation::of_node(graph, a)),
                         cast: group.cast.is_some(),
+                        pool: group.pool.map(|p| {
+                            let Op::Pool2d(attrs) = &graph.node(p).op else {
+                                unreachable!("an absorbed pooling is a pool2d")
+                            };
+                            // The pooling's input: the convolution's result after its epilogue.
+                            let input = graph.node(p).operands[0];
+                            Box::new(Pooled {
+                                attrs: attrs.clone(),
+                                conv_ty: graph.ty(input).clone(),
+                            })
+                        }),
                     },
                     inputs,
                     outputs: vec![

@@ -1,6 +1,6 @@
 //! A lowered graph: buffers, and the steps that fill them.
 
-use kfuse_ir::{Array, Conv2dAttrs, Op, TensorType};
+use kfuse_ir::{Array, Conv2dAttrs, Op, Pool2dAttrs, TensorType};
 
 use crate::{Activation, Kernel};
 
@@ -109,6 +109,17 @@ pub struct StructuredCall {
     /// Matmuls only: then a conversion to the output buffer's float dtype (the product is
     /// computed in its operands' dtype).
     pub cast: bool,
+    /// Convolutions only: then this pooling, whose result is the output (the convolution's is
+    /// never stored).
+    pub pool: Option<Box<Pooled>>,
+}
+
+/// The pooling a structured convolution step ends with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pooled {
+    pub attrs: Pool2dAttrs,
+    /// The type of the convolution's result (after its epilogue), the pooling's input.
+    pub conv_ty: TensorType,
 }
 
 impl StructuredCall {
@@ -158,6 +169,9 @@ impl StructuredCall {
         }
         if self.cast {
             parts.push("cast");
+        }
+        if self.pool.is_some() {
+            parts.push("pool2d");
         }
         parts.join("+")
     }

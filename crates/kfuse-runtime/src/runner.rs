@@ -328,6 +328,7 @@ impl<'a> Runner<'a> {
                         residual: false,
                         activation: None,
                         cast: false,
+                        pool: None,
                     };
                     let view = |i: usize| kfuse_cpu::dense::View {
                         storage: storage_of(ins[i]).expect("library inputs are computed first"),
@@ -394,7 +395,9 @@ impl<'a> Runner<'a> {
                         // f16 and bf16 too, through f32 with each step rounded (a separable
                         // block's convolutions one after the other).
                         Anchor::Conv { .. } => {
-                            kfuse_cpu::conv::computes(compute) && compute == out_ty.dtype
+                            kfuse_cpu::conv::computes(compute)
+                                && compute == out_ty.dtype
+                                && (call.pool.is_none() || kfuse_cpu::pooling::supported(compute))
                         }
                     };
                     let fast = self.numerics == Numerics::Fast
@@ -616,9 +619,14 @@ fn reference_structured<'a>(
     };
     // The steps before a cast compute in `compute`, the operands' dtype.
     let final_ty = out_ty;
+    // Before a pooling, the convolution's own shape.
     let computed = kfuse_ir::TensorType {
         dtype: compute,
-        shape: out_ty.shape.clone(),
+        shape: call
+            .pool
+            .as_ref()
+            .map_or(&out_ty.shape, |p| &p.conv_ty.shape)
+            .clone(),
     };
     let out_ty = &computed;
     let mut next = inputs.iter().copied();
@@ -679,6 +687,9 @@ fn reference_structured<'a>(
     }
     if let Some(activation) = call.activation {
         y = reference_activation(activation, out_ty, &y)?;
+    }
+    if let Some(pool) = &call.pool {
+        y = eval(Op::Pool2d(pool.attrs.clone()), final_ty, &[&y])?;
     }
     if call.cast {
         y = eval(Op::Cast { to: final_ty.dtype }, final_ty, &[&y])?;
@@ -896,7 +907,19 @@ fn fast_structured<'a>(
         Anchor::Conv {
             depthwise: None,
             conv,
-        } => kfuse_cpu::conv::conv2d(operand(0), operand(1), conv, out_dims, out, &epilogue),
+        } => match &call.pool {
+            Some(pool) => kfuse_cpu::conv::conv2d_pooled(
+                operand(0),
+                operand(1),
+                conv,
+                pool.conv_ty.shape.dims(),
+                &epilogue,
+                &pool.attrs,
+                out_dims,
+                out,
+            ),
+            None => kfuse_cpu::conv::conv2d(operand(0), operand(1), conv, out_dims, out, &epilogue),
+        },
         Anchor::MatMul { transposed } => kfuse_cpu::matmul::matmul(
             operand(0),
             operand(1),

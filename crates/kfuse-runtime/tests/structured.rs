@@ -1997,3 +1997,199 @@ fn fast_activation_epilogues_flush_subnormal_results_and_nothing_else_does() {
         }
     }
 }
+
+/// A strided convolution with its bias and activation, then a pooling of its result (ResNet's
+/// stem), is one structured step, and matches the reference: fast within the sums' bound,
+/// strict bit for bit. On AVX-512 most of these run in one pass, pooled from the direct
+/// kernel's stage band by band (several bands per image, odd sizes, a last partial block of
+/// output channels, windows over the padding, dilated windows, non-square strides); an
+/// average, an activation applied outside the kernel's registers, and a plane with a NaN
+/// take the pooling's own routine on a copy of the band's rows; the others run the two ops.
+#[test]
+fn pooled_convolutions_match_the_reference() {
+    // x, output channels, kernel, conv stride, conv padding; pooling kind, window, stride,
+    // padding, dilation, count_include_pad; activation.
+    type PoolCase = (
+        [usize; 4],
+        usize,
+        [usize; 2],
+        [usize; 2],
+        [usize; 4],
+        (
+            &'static str,
+            [usize; 2],
+            [usize; 2],
+            [usize; 4],
+            [usize; 2],
+            bool,
+        ),
+        &'static str,
+    );
+    let max3 = ("max", [3, 3], [2, 2], [1, 1, 1, 1], [1, 1], false);
+    let cases: [PoolCase; 9] = [
+        // The stem, smaller: 7×7 at stride 2, then 3×3 at stride 2.
+        (
+            [2, 3, 64, 64],
+            16,
+            [7, 7],
+            [2, 2],
+            [3, 3, 3, 3],
+            max3,
+            "relu",
+        ),
+        // Odd sizes and a last partial block of output channels; several bands per image.
+        (
+            [1, 5, 121, 59],
+            9,
+            [3, 3],
+            [2, 2],
+            [1, 1, 1, 1],
+            max3,
+            "relu",
+        ),
+        (
+            [2, 4, 200, 120],
+            8,
+            [5, 5],
+            [2, 2],
+            [2, 2, 2, 2],
+            max3,
+            "clamp",
+        ),
+        // VGG's window, no padding; a dilated window reaching into the padding.
+        (
+            [2, 8, 60, 64],
+            16,
+            [3, 3],
+            [2, 2],
+            [1, 1, 1, 1],
+            ("max", [2, 2], [2, 2], [0, 0, 0, 0], [1, 1], false),
+            "relu",
+        ),
+        (
+            [1, 6, 90, 70],
+            12,
+            [3, 3],
+            [2, 2],
+            [1, 1, 1, 1],
+            ("max", [3, 3], [1, 1], [1, 1, 1, 1], [2, 2], false),
+            "relu",
+        ),
+        // Non-square strides on both ops.
+        (
+            [2, 3, 97, 120],
+            16,
+            [3, 5],
+            [2, 3],
+            [1, 2, 2, 1],
+            ("max", [3, 2], [3, 2], [1, 0, 1, 0], [1, 1], false),
+            "relu",
+        ),
+        // Averages, with and without the padding counted; an activation outside registers.
+        (
+            [1, 4, 80, 72],
+            8,
+            [3, 3],
+            [2, 2],
+            [1, 1, 1, 1],
+            ("avg", [3, 3], [2, 2], [1, 1, 1, 1], [1, 1], false),
+            "relu",
+        ),
+        (
+            [1, 4, 80, 72],
+            8,
+            [3, 3],
+            [2, 2],
+            [1, 1, 1, 1],
+            ("avg", [2, 3], [2, 2], [1, 0, 1, 1], [1, 1], true),
+            "relu",
+        ),
+        (
+            [2, 3, 70, 66],
+            16,
+            [3, 3],
+            [2, 2],
+            [1, 1, 1, 1],
+            max3,
+            "gelu_tanh",
+        ),
+    ];
+    let mut one_pass = 0;
+    for (k, (x, c_out, kernel, stride, padding, pool, act)) in cases.iter().enumerate() {
+        let (kind, window, pool_stride, pool_padding, dilation, include) = pool;
+        let [n, c, h, w] = *x;
+        let activation = match *act {
+            "clamp" => "%lo = constant() value=[0.0] : f32[]\n%hi = constant() value=[6.0] : f32[]\n%a = clamp(%s, %lo, %hi)\n".to_string(),
+            other => format!("%a = {other}(%s)\n"),
+        };
+        let text = format!(
+            "%x = input() name=\"x\" : f32[{n}, {c}, {h}, {w}]\n\
+             %w = input() name=\"w\" : f32[{c_out}, {c}, {}, {}]\n\
+             %b = input() name=\"b\" : f32[{c_out}, 1, 1]\n\
+             %c = conv2d(%x, %w) layout=nchw stride={stride:?} padding={padding:?} dilation=[1, 1] groups=1\n\
+             %s = add(%c, %b)\n{activation}\
+             %y = pool2d(%a) kind={kind} layout=nchw window={window:?} stride={pool_stride:?} padding={pool_padding:?} dilation={dilation:?} count_include_pad={include}\n\
+             output \"y\" = %y\n",
+            kernel[0], kernel[1]
+        );
+        let graph = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let exe = build(&graph, Numerics::Fast);
+        assert_eq!(
+            exe.program.steps.len(),
+            1,
+            "case {k} is one structured step:\n{text}"
+        );
+        let kfuse_kernel::Step::Structured { call, .. } = &exe.program.steps[0] else {
+            panic!("case {k} is a structured step:\n{text}");
+        };
+        let pooled = call.pool.as_ref().expect("the pooling is absorbed");
+        let conv_dims = pooled.conv_ty.shape.dims();
+        if kfuse_cpu::conv::pools_in_one_pass(
+            &[n, c, h, w],
+            &[*c_out, c, kernel[0], kernel[1]],
+            &kfuse_ir::Conv2dAttrs {
+                layout: kfuse_ir::Layout::Nchw,
+                stride: *stride,
+                padding: *padding,
+                dilation: [1, 1],
+                groups: 1,
+            },
+            conv_dims,
+            kfuse_ir::DType::F32,
+            &pooled.attrs,
+        ) {
+            one_pass += 1;
+        }
+        let mut inputs = random_inputs(&graph, 5000 + k as u64);
+        if k == 0 || k == 3 {
+            // Non-finite values and signed zeros: a NaN's plane is pooled on the pooling's
+            // own routine, which keeps the reference's NaN.
+            let mut values: Vec<f32> = inputs[0].1.as_slice::<f32>().unwrap().to_vec();
+            values[1234] = f32::NAN;
+            values[77] = f32::INFINITY;
+            values[4321] = f32::NEG_INFINITY;
+            values[500] = -0.0;
+            inputs[0].1 = Array::from_vec(inputs[0].1.shape().dims().to_vec(), values).unwrap();
+        }
+        check(
+            &graph,
+            &inputs,
+            c * kernel[0] * kernel[1] + 1,
+            &format!("pooled convolution {k}:\n{text}"),
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    let avx512 = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx512 = false;
+    if avx512 {
+        assert!(
+            one_pass >= 7,
+            "only {one_pass} of the cases ran in one pass on this AVX-512 CPU"
+        );
+    } else {
+        eprintln!(
+            "the one-pass kernel needs AVX-512, which this CPU lacks: every case ran as two ops"
+        );
+    }
+}

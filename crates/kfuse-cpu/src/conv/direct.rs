@@ -38,7 +38,7 @@ use std::arch::x86_64::*;
 use kfuse_ir::Layout;
 
 use super::shifted::Grid;
-use super::{for_each_band, for_each_band_fitted, Geometry, Post};
+use super::{for_each_band_fitted, Geometry, Post};
 use crate::constants;
 use crate::dense::{epilogue, epilogue_into, has_avx512, with_scratch, with_shared_scratch, Out};
 use crate::simd::InRegisters;
@@ -124,32 +124,106 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
     }
     let [n_images, c_out, oh, ow] = g.y;
     let (in_registers, rest) = split(post, false);
-    let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
-    let grid = Grid::new(g);
-    let pw = grid.pw;
-    let packed = pack(ws, g.groups, og, cg * grid.offsets.len());
-    let per_group = packed.len() / g.groups;
     // An output too large to stay in the last-level cache is copied out of the stage with
     // non-temporal stores, which skip reading each line before overwriting it, where no part of
     // the epilogue is left for the copy.
     let stream = rest.is_empty() && std::mem::size_of_val(y) >= crate::c::STREAM_MIN_BYTES;
     let out = Out(y.as_mut_ptr());
-    let row_bytes = (cg + og) * pw * std::mem::size_of::<f32>();
-    let band_rows = super::band_rows(n_images, oh, row_bytes);
+    let og = g.out_channels_per_group();
+    let band_rows = super::band_rows(n_images, oh, phase_row_bytes(g));
     let bands = oh.div_ceil(band_rows);
+    let task = |t: usize| {
+        let b = t % bands;
+        (t / bands, b * band_rows..((b + 1) * band_rows).min(oh))
+    };
+    let pw = Grid::new(g).pw;
+    // The rest of the epilogue is applied as each row is copied out.
+    let sink =
+        |_: usize, n: usize, band: &std::ops::Range<usize>, group, stage: &[f32], q_blocks| {
+            for co in 0..og {
+                let channel = group * og + co;
+                for (r, row) in band.clone().enumerate() {
+                    let src = &stage[co * q_blocks + r * pw..][..ow];
+                    let at = ((n * c_out + channel) * oh + row) * ow;
+                    // SAFETY: the rows of `band` of image n are this task's.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(at), ow) };
+                    if stream {
+                        // SAFETY: `stream` is set only on AVX-512.
+                        unsafe { stream_copy(dst, src) };
+                    } else {
+                        epilogue_into(dst, src, rest.channel(channel, at, ow));
+                    }
+                }
+            }
+            if stream {
+                // SAFETY: SSE is baseline on x86-64. Orders the streamed stores before the task
+                // is reported done.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    _mm_sfence()
+                };
+            }
+        };
+    phase_planes(g, xs, ws, in_registers, n_images * bands, &task, &sink);
+}
+
+/// Whether [`conv`] runs `g` on phase planes: strided, onto rows too wide for tap planes.
+pub(super) fn on_phase_planes(g: &Geometry) -> bool {
+    let same_width = g.stride == [1, 1] && g.y[3] == g.x[3];
+    !(same_width || on_tap_planes(g))
+}
+
+/// The width of `g`'s phase planes: output row `r` of a band's stage starts `r` times this
+/// into each channel's run (see [`Sink`]).
+pub(super) fn phase_grid_width(g: &Geometry) -> usize {
+    Grid::new(g).pw
+}
+
+/// Bytes of a band's copy and stage per output row on phase planes.
+pub(super) fn phase_row_bytes(g: &Geometry) -> usize {
+    let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
+    (cg + og) * Grid::new(g).pw * std::mem::size_of::<f32>()
+}
+
+/// Where a phase-plane band's output goes: `sink(t, n, rows, group, stage, q_blocks)` gets, for
+/// task `t`, rows `rows` of image `n` for the output channels of `group`: the group's channel
+/// `co`, row `r` of the band at `stage[co * q_blocks + r * pw..][..ow]` (`pw` the grid's
+/// width), with the bias and ReLU (or a clamp) applied.
+pub(super) type Sink<'a> =
+    dyn Fn(usize, usize, &std::ops::Range<usize>, usize, &[f32], usize) + Sync + 'a;
+
+/// The phase-plane path of [`conv`]: task `t` computes output rows `task(t).1` of image
+/// `task(t).0` on a copy of the input rows they read, split into phase planes, into a stage,
+/// one group at a time, and hands each group's stage to `sink`. `in_registers` is the part of
+/// the epilogue the blocks apply (see [`split`]).
+pub(super) fn phase_planes(
+    g: &Geometry,
+    xs: &[f32],
+    ws: &[f32],
+    in_registers: Post<f32>,
+    tasks: usize,
+    task: &(dyn Fn(usize) -> (usize, std::ops::Range<usize>) + Sync),
+    sink: &Sink,
+) {
+    let ow = g.y[3];
+    let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
+    let grid = Grid::new(g);
+    let pw = grid.pw;
+    let packed = pack(ws, g.groups, og, cg * grid.offsets.len());
+    let per_group = packed.len() / g.groups;
     let threads = crate::Pool::global().threads();
     let [_, c_in, _, in_w] = g.x;
-    let job = |n: usize, band: std::ops::Range<usize>| {
-        let (r0, rows) = (band.start, band.len());
+    crate::Pool::global().run(tasks, &|t| {
+        let (n, band) = task(t);
+        let rows = band.len();
         let ph = grid.rows(rows);
         // The band this thread is likely to take next (the threads claim tasks in turn): its
         // input rows are asked for into L2 as the blocks run, so that the next fill reads less
         // from memory. One thread, alternating runs: 8×128×56×56 → 128 at stride 2
         // 10.88–10.93 → 10.14–10.32 ms, the 7×7 stem 9.89–10.07 → 9.37–9.59.
-        let next = n * bands + r0 / band_rows + threads;
-        let ahead: Vec<&[f32]> = if next < n_images * bands {
-            let (n2, b2) = (next / bands, next % bands);
-            let (lo, hi) = g.rows_read(&(b2 * band_rows..((b2 + 1) * band_rows).min(oh)));
+        let ahead: Vec<&[f32]> = if t + threads < tasks {
+            let (n2, band2) = task(t + threads);
+            let (lo, hi) = g.rows_read(&band2);
             (0..c_in)
                 .filter(|_| lo < hi)
                 .map(|ch| &xs[g.x_offset(n2, ch, lo, 0)..][..(hi - lo) * in_w])
@@ -171,7 +245,7 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                 let (xpad, stage) = scratch.split_at_mut(cg * plane);
                 xpad.fill(0.0);
                 for group in 0..g.groups {
-                    grid.fill(g, xs, n, group, r0, ph, plane, xpad);
+                    grid.fill(g, xs, n, group, band.start, ph, plane, xpad);
                     let dst = Dst {
                         ptr: stage.as_mut_ptr(),
                         stride: q_blocks,
@@ -193,36 +267,11 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                             if group == 0 { &ahead } else { &[] },
                         )
                     };
-                    // The rest of the epilogue is applied as each row is copied out.
-                    for co in 0..og {
-                        let channel = group * og + co;
-                        for r in 0..rows {
-                            let src = &stage[co * q_blocks + r * pw..][..ow];
-                            let at = ((n * c_out + channel) * oh + r0 + r) * ow;
-                            // SAFETY: row r0 + r of this channel of image n is this task's.
-                            let dst =
-                                unsafe { std::slice::from_raw_parts_mut(out.ptr().add(at), ow) };
-                            if stream {
-                                // SAFETY: `stream` is set only on AVX-512.
-                                unsafe { stream_copy(dst, src) };
-                            } else {
-                                epilogue_into(dst, src, rest.channel(channel, at, ow));
-                            }
-                        }
-                    }
-                }
-                if stream {
-                    // SAFETY: SSE is baseline on x86-64. Orders the streamed stores before the
-                    // task is reported done.
-                    #[cfg(target_arch = "x86_64")]
-                    unsafe {
-                        _mm_sfence()
-                    };
+                    sink(t, n, &band, group, stage, q_blocks);
                 }
             },
         )
-    };
-    for_each_band(n_images, oh, row_bytes, &job);
+    });
 }
 
 /// The convolution of `g` into `y` where output rows are as wide as input rows: the module's
