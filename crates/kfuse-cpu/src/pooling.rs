@@ -42,24 +42,13 @@ pub fn pool2d(
     out: &mut Storage,
 ) -> Result<(), String> {
     match (x.storage, out) {
-        (Storage::F32(xs), Storage::F32(ys)) => run(xs, x.dims, attrs, out_dims, ys),
-        (Storage::F64(xs), Storage::F64(ys)) => run(xs, x.dims, attrs, out_dims, ys),
+        (Storage::F32(xs), Storage::F32(ys)) => pool_slices(xs, x.dims, attrs, out_dims, ys),
+        (Storage::F64(xs), Storage::F64(ys)) => pool_slices(xs, x.dims, attrs, out_dims, ys),
         _ => Err(format!(
             "fast pool2d supports f32 and f64, not {}",
             x.storage.dtype()
         )),
     }
-}
-
-/// [`pool2d`] of slices: `xs` (`x_dims`) into `ys` (`out_dims`).
-pub(crate) fn pool_slices<T: Real>(
-    xs: &[T],
-    x_dims: &[usize],
-    attrs: &Pool2dAttrs,
-    out_dims: &[usize],
-    ys: &mut [T],
-) -> Result<(), String> {
-    run(xs, x_dims, attrs, out_dims, ys)
 }
 
 /// Max pooling of one plane held as `h` rows of `w` values `pitch` apart in `x`, into `out`
@@ -148,7 +137,8 @@ impl Geometry<'_> {
     }
 }
 
-fn run<T: Real>(
+/// [`pool2d`] of slices: `xs` (`x_dims`) into `ys` (`out_dims`).
+pub(crate) fn pool_slices<T: Real>(
     xs: &[T],
     x_dims: &[usize],
     attrs: &Pool2dAttrs,

@@ -580,14 +580,9 @@ fn cast_after(
     } else if to == from {
         "it converts to the product's own dtype".to_string()
     } else {
-        match single_use(graph, users, v) {
-            Ok(_) => return Some(cast),
-            Err(why) => format!(
-                "{} %{} {}",
-                graph.node(last).op.name(),
-                last.0,
-                why.trim_start_matches("it ")
-            ),
+        match read_once(graph, users, last) {
+            Ok(()) => return Some(cast),
+            Err(why) => why,
         }
     };
     notes.push(format!(
@@ -595,6 +590,25 @@ fn cast_after(
         anchor.0, cast.0
     ));
     None
+}
+
+/// Whether node `last`'s result has one user and is not a graph output; else why not, naming
+/// the node.
+fn read_once(
+    graph: &Graph,
+    users: &BTreeMap<Value, Vec<NodeId>>,
+    last: NodeId,
+) -> Result<(), String> {
+    single_use(graph, users, value(last))
+        .map(|_| ())
+        .map_err(|why| {
+            format!(
+                "{} %{} {}",
+                graph.node(last).op.name(),
+                last.0,
+                why.trim_start_matches("it ")
+            )
+        })
 }
 
 /// The `pool2d` that alone reads the result of convolution group `group` (so far), where the
@@ -634,14 +648,9 @@ fn pool_after(
     } else if group.depthwise.is_some() {
         "the convolution ends a separable block".to_string()
     } else {
-        match single_use(graph, users, v) {
-            Ok(_) => return Some(pool),
-            Err(why) => format!(
-                "{} %{} {}",
-                graph.node(last).op.name(),
-                last.0,
-                why.trim_start_matches("it ")
-            ),
+        match read_once(graph, users, last) {
+            Ok(()) => return Some(pool),
+            Err(why) => why,
         }
     };
     notes.push(format!(

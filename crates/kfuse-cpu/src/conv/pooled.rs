@@ -6,7 +6,7 @@
 //! kernel computes the convolution rows their windows read into its stage, in cache, with the
 //! epilogue, and the task pools them from there into the output. The convolution's output,
 //! four times the pooled one at stride 2, is never stored. Bands recompute the convolution rows
-//! their windows share with the band before (one row of 28 for the stem's bands of 14 pooled
+//! their windows share with the band before (one row in 29 for the stem's bands of 14 pooled
 //! rows).
 //!
 //! Elsewhere the convolution runs whole and the pooling after it, as two ops. Running the other
@@ -47,6 +47,16 @@ pub fn conv2d_pooled(
     if pools_in_one_pass(x.dims, w.dims, attrs, conv_dims, dtype, pool) {
         if let (Some(xs), Some(ws)) = (f32::slice(x.storage), f32::slice(w.storage)) {
             let g = Geometry::new(x.dims, w.dims, attrs, conv_dims);
+            let pooled = pooled_dims(g.y, pool);
+            if pooled
+                .map(|[ph, pw]| vec![g.y[0], g.y[1], ph, pw])
+                .as_deref()
+                != Some(out_dims)
+            {
+                return Err(format!(
+                    "the pooling of a {conv_dims:?} convolution does not give {out_dims:?}"
+                ));
+            }
             let y = output::<f32>(out, out_dims)?;
             let post = Post::<f32>::new(epilogue, g.y[1], 0)?;
             if !y.is_empty() {
@@ -97,27 +107,19 @@ pub fn pools_in_one_pass(
     dtype: DType,
     pool: &Pool2dAttrs,
 ) -> bool {
+    if x.len() != 4 || w.len() != 4 || conv_dims.len() != 4 {
+        return false;
+    }
     let g = Geometry::new(x, w, attrs, conv_dims);
-    let pooled_rows = conv_dims
-        .get(2)
-        .zip(pool.window.first())
-        .map(|(&h, &k)| {
-            let size = h + pool.padding[0] + pool.padding[1];
-            let reach = (k - 1) * pool.dilation[0] + 1;
-            if size < reach {
-                0
-            } else {
-                (size - reach) / pool.stride[0] + 1
-            }
-        })
-        .unwrap_or(0);
+    let Some([pooled_rows, _]) = pooled_dims(g.y, pool) else {
+        return false;
+    };
     dtype == DType::F32
         && attrs.layout == Layout::Nchw
         && pool.layout == Layout::Nchw
         && g.y.iter().all(|&d| d > 0)
         && Route::of(&g, true) == Route::Direct
         && direct::on_phase_planes(&g)
-        && pooled_rows > 0
         && every_window_reads(
             pooled_rows,
             (
@@ -128,6 +130,17 @@ pub fn pools_in_one_pass(
             ),
             g.y[2],
         )
+}
+
+/// The pooled rows and columns of an NCHW convolution output `y`, where there are some.
+fn pooled_dims(y: [usize; 4], pool: &Pool2dAttrs) -> Option<[usize; 2]> {
+    let along = |axis: usize| {
+        let size = y[2 + axis] + pool.padding[2 * axis] + pool.padding[2 * axis + 1];
+        let reach = (pool.window[axis].checked_sub(1)?) * pool.dilation[axis] + 1;
+        let steps = size.checked_sub(reach)?;
+        (pool.stride[axis] > 0).then(|| steps / pool.stride[axis] + 1)
+    };
+    Some([along(0)?, along(1)?])
 }
 
 /// The rows `[lo, hi)` of an axis of `size` that output rows `rows` read through windows of
@@ -168,15 +181,7 @@ fn one_pass(
     y: &mut [f32],
 ) {
     let [n_images, c_out, ch, cw] = g.y;
-    let pool_geometry = |h: usize| {
-        let size = h + pool.padding[0] + pool.padding[1];
-        (size - ((pool.window[0] - 1) * pool.dilation[0] + 1)) / pool.stride[0] + 1
-    };
-    let ph = pool_geometry(ch);
-    let pw = {
-        let size = cw + pool.padding[2] + pool.padding[3];
-        (size - ((pool.window[1] - 1) * pool.dilation[1] + 1)) / pool.stride[1] + 1
-    };
+    let [ph, pw] = pooled_dims(g.y, pool).expect("checked by the caller");
     let pool_axis = (
         pool.window[0],
         pool.stride[0],
