@@ -8,18 +8,13 @@ use kfuse_cpu::conv::{conv2d, Epilogue, View};
 use kfuse_cpu::dense::Activation;
 use kfuse_ir::{Conv2dAttrs, Layout, Storage};
 use std::time::Instant;
+
+#[path = "common/values.rs"]
+mod values;
 fn main() {
     let (n, c, hw) = (8usize, 64usize, 56usize);
-    let x = Storage::F32(
-        (0..n * c * hw * hw)
-            .map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5)
-            .collect(),
-    );
-    let w = Storage::F32(
-        (0..c * c * 9)
-            .map(|i| ((i * 31) % 17) as f32 * 0.01 - 0.08)
-            .collect(),
-    );
+    let x = values::activations(n * c * hw * hw);
+    let w = values::weights(c * c * 9);
     let b = Storage::F32((0..c).map(|i| i as f32 * 0.01 - 0.3).collect());
     let attrs = Conv2dAttrs {
         layout: Layout::Nchw,

@@ -12,6 +12,9 @@ use kfuse_cpu::conv::{conv2d, routine, Epilogue, View};
 use kfuse_ir::{Conv2dAttrs, DType, Layout, Storage};
 use std::time::Instant;
 
+#[path = "common/values.rs"]
+mod values;
+
 #[path = "common/line_aligned.rs"]
 mod line_aligned;
 
@@ -49,16 +52,8 @@ fn main() {
     for (n, c, co, hw, k, s) in chosen {
         let p = k / 2;
         let o = (hw + 2 * p - k) / s + 1;
-        let x = Storage::F32(
-            (0..n * c * hw * hw)
-                .map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5)
-                .collect(),
-        );
-        let w = Storage::F32(
-            (0..co * c * k * k)
-                .map(|i| ((i * 31) % 17) as f32 * 0.01 - 0.08)
-                .collect(),
-        );
+        let x = values::activations(n * c * hw * hw);
+        let w = values::weights(co * c * k * k);
         let attrs = Conv2dAttrs {
             layout: Layout::Nchw,
             stride: [s, s],

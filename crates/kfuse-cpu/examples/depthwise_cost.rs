@@ -12,6 +12,9 @@ use kfuse_cpu::conv::{conv2d, Epilogue, View};
 use kfuse_ir::{Conv2dAttrs, Layout, Storage};
 use std::time::Instant;
 
+#[path = "common/values.rs"]
+mod values;
+
 #[path = "common/line_aligned.rs"]
 mod line_aligned;
 
@@ -23,16 +26,8 @@ fn main() {
             .unwrap_or(default)
     };
     let (c, hw, n) = (env("C", 64), env("HW", 112), env("N", 1));
-    let x = Storage::F32(
-        (0..n * c * hw * hw)
-            .map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5)
-            .collect(),
-    );
-    let w = Storage::F32(
-        (0..c * 9)
-            .map(|i| ((i * 31) % 17) as f32 * 0.01 - 0.08)
-            .collect(),
-    );
+    let x = values::activations(n * c * hw * hw);
+    let w = values::weights(c * 9);
     let attrs = Conv2dAttrs {
         layout: Layout::Nchw,
         stride: [1, 1],

@@ -10,6 +10,9 @@ use kfuse_cpu::conv::View;
 use kfuse_ir::{Layout, Pool2dAttrs, PoolKind, Storage};
 use std::time::Instant;
 
+#[path = "common/values.rs"]
+mod values;
+
 fn main() {
     let env = |k: &str, d: usize| {
         std::env::var(k)
@@ -21,11 +24,7 @@ fn main() {
     let (k, s, p) = (env("K", 3), env("S", 2), env("P", 1));
     let nhwc = env("NHWC", 0) == 1;
     let out = (hw + 2 * p - k) / s + 1;
-    let x = Storage::F32(
-        (0..n * c * hw * hw)
-            .map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5)
-            .collect(),
-    );
+    let x = values::activations(n * c * hw * hw);
     let (x_dims, y_dims) = if nhwc {
         ([n, hw, hw, c], [n, out, out, c])
     } else {

@@ -15,6 +15,9 @@ use kfuse_cpu::dense::Activation;
 use kfuse_ir::{Conv2dAttrs, Layout, Pool2dAttrs, PoolKind, Storage};
 use std::time::Instant;
 
+#[path = "common/values.rs"]
+mod values;
+
 #[path = "common/line_aligned.rs"]
 mod line_aligned;
 
@@ -34,16 +37,8 @@ fn main() {
     let o = (hw + 2 * (k / 2) - k) / s + 1;
     let pp = if pk % 2 == 1 { pk / 2 } else { 0 };
     let po = (o + 2 * pp - pk) / ps + 1;
-    let x = Storage::F32(
-        (0..n * c * hw * hw)
-            .map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5)
-            .collect(),
-    );
-    let w = Storage::F32(
-        (0..co * c * k * k)
-            .map(|i| ((i * 31) % 17) as f32 * 0.01 - 0.08)
-            .collect(),
-    );
+    let x = values::activations(n * c * hw * hw);
+    let w = values::weights(co * c * k * k);
     let bias = Storage::F32((0..co).map(|i| (i % 5) as f32 * 0.01 - 0.02).collect());
     // Registered as the runner registers a program's weights.
     let _constant = kfuse_cpu::constants::register([&w]);

@@ -51,23 +51,8 @@ pub fn pool2d(
     }
 }
 
-/// Max pooling of one plane held as `h` rows of `w` values `pitch` apart in `x`, into `out`
-/// (`oh × ow`), with `attrs`' window, stride, dilation and padding (its layout aside), on
-/// AVX-512 (F and DQ; the caller checks). False where the plane holds a NaN: `out` is then
-/// unspecified, and the caller pools the plane with [`pool_slices`], which keeps the
-/// reference's NaN.
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn max_plane_strided(
-    attrs: &Pool2dAttrs,
-    [h, w]: [usize; 2],
-    x: &[f32],
-    pitch: usize,
-    [oh, ow]: [usize; 2],
-    out: &mut [f32],
-) -> bool {
-    debug_assert!(attrs.kind == PoolKind::Max && crate::dense::has_avx512());
-    avx512::max_strided(attrs, [h, w], x, pitch, [oh, ow], out)
-}
+pub(crate) use avx512::max_plane_strided;
 
 fn nchw(dims: &[usize], layout: Layout) -> [usize; 4] {
     match layout {
@@ -303,8 +288,12 @@ mod avx512 {
         }
     }
 
-    /// See [`super::max_plane_strided`].
-    pub(super) fn max_strided(
+    /// Max pooling of one plane held as `h` rows of `w` values `pitch` apart in `x`, into
+    /// `out` (`oh × ow`), with `attrs`' window, stride, dilation and padding (its layout
+    /// aside), on AVX-512 (F and DQ; the caller checks). False where the plane holds a NaN:
+    /// `out` is then unspecified, and the caller pools the plane with
+    /// [`super::pool_slices`], which keeps the reference's NaN.
+    pub(crate) fn max_plane_strided(
         attrs: &kfuse_ir::Pool2dAttrs,
         [h, w]: [usize; 2],
         x: &[f32],
@@ -317,6 +306,7 @@ mod avx512 {
             x: [1, 1, h, w],
             y: [1, 1, oh, ow],
         };
+        debug_assert!(attrs.kind == kfuse_ir::PoolKind::Max && crate::dense::has_avx512());
         assert!(x.len() >= (h - 1) * pitch + w && out.len() >= oh * ow && pitch >= w);
         ROWS.with(|rows| {
             let mut rows = rows.borrow_mut();
@@ -327,7 +317,7 @@ mod avx512 {
     }
 
     thread_local! {
-        /// Each thread's horizontal maxima for [`max_strided`].
+        /// Each thread's horizontal maxima for [`max_plane_strided`].
         static ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
 
