@@ -357,6 +357,40 @@ fn explain_shows_folded_batchnorm_and_the_structured_block() {
     assert_eq!(passes, ["constant-fold", "fold-affine", "dead-code"]);
 }
 
+/// ResNet's stem (convolution, bias, ReLU, max pool) is one structured kernel that pools the
+/// convolution's rows in cache; on AVX-512 its routine pools them from the kernel's stage.
+#[test]
+fn explain_shows_the_resnet_stem_pooled_in_one_kernel() {
+    let o = kfuse(&[
+        "explain",
+        &example("resnet_stem.kf"),
+        "--cost-model",
+        "fixed",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("1 kernel(s) (unfused: 4)"), "{text}");
+    assert!(
+        text.contains(
+            "max pool2d %6 (3×3 window, stride 2×2) applied to the convolution's rows band by band in cache"
+        ),
+        "{text}"
+    );
+    #[cfg(target_arch = "x86_64")]
+    let avx512 = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx512 = false;
+    let routine = if avx512 {
+        "each band's rows pooled from the kernel's stage in cache"
+    } else {
+        eprintln!(
+            "this CPU lacks AVX-512: the stem's routine runs the convolution, then the pooling"
+        );
+        "then the pooling over its stored output"
+    };
+    assert!(text.contains(routine), "{text}");
+}
+
 #[test]
 fn explain_shows_a_mobilenet_v2_block_as_one_kernel() {
     let o = kfuse(&[
