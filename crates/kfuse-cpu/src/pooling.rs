@@ -42,8 +42,8 @@ pub fn pool2d(
     out: &mut Storage,
 ) -> Result<(), String> {
     match (x.storage, out) {
-        (Storage::F32(xs), Storage::F32(ys)) => pool_slices(xs, x.dims, attrs, out_dims, ys),
-        (Storage::F64(xs), Storage::F64(ys)) => pool_slices(xs, x.dims, attrs, out_dims, ys),
+        (Storage::F32(xs), Storage::F32(ys)) => run(xs, x.dims, attrs, out_dims, ys),
+        (Storage::F64(xs), Storage::F64(ys)) => run(xs, x.dims, attrs, out_dims, ys),
         _ => Err(format!(
             "fast pool2d supports f32 and f64, not {}",
             x.storage.dtype()
@@ -53,6 +53,36 @@ pub fn pool2d(
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx512::max_plane_strided;
+
+/// One plane of `h × w` values in `x` pooled into `y` (`oh × ow`) as `attrs` says (its layout
+/// aside), on the calling thread: bit-identical to [`pool2d`] of that plane (NaNs included).
+pub(crate) fn pool_plane(
+    attrs: &Pool2dAttrs,
+    [h, w]: [usize; 2],
+    x: &[f32],
+    [oh, ow]: [usize; 2],
+    y: &mut [f32],
+) {
+    let g = Geometry {
+        attrs,
+        x: [1, 1, h, w],
+        y: [1, 1, oh, ow],
+    };
+    assert!(x.len() >= h * w && y.len() >= oh * ow);
+    #[cfg(target_arch = "x86_64")]
+    if crate::dense::has_avx512() {
+        return avx512::ROWS.with(|rows| {
+            let mut rows = rows.borrow_mut();
+            rows.resize(h * ow, 0.0);
+            avx512::plane(&g, x, &mut rows, y)
+        });
+    }
+    for r in 0..oh {
+        for o in 0..ow {
+            y[r * ow + o] = g.window(x, 0, 0, r, o);
+        }
+    }
+}
 
 fn nchw(dims: &[usize], layout: Layout) -> [usize; 4] {
     match layout {
@@ -122,8 +152,7 @@ impl Geometry<'_> {
     }
 }
 
-/// [`pool2d`] of slices: `xs` (`x_dims`) into `ys` (`out_dims`).
-pub(crate) fn pool_slices<T: Real>(
+fn run<T: Real>(
     xs: &[T],
     x_dims: &[usize],
     attrs: &Pool2dAttrs,
@@ -292,7 +321,7 @@ mod avx512 {
     /// `out` (`oh × ow`), with `attrs`' window, stride, dilation and padding (its layout
     /// aside), on AVX-512 (F and DQ; the caller checks). False where the plane holds a NaN:
     /// `out` is then unspecified, and the caller pools the plane with
-    /// [`super::pool_slices`], which keeps the reference's NaN.
+    /// [`super::pool_plane`] on a dense copy, which keeps the reference's NaN.
     pub(crate) fn max_plane_strided(
         attrs: &kfuse_ir::Pool2dAttrs,
         [h, w]: [usize; 2],
@@ -317,8 +346,10 @@ mod avx512 {
     }
 
     thread_local! {
-        /// Each thread's horizontal maxima for [`max_plane_strided`].
-        static ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+        /// Each thread's horizontal maxima for [`max_plane_strided`] and
+        /// [`super::pool_plane`].
+        pub(super) static ROWS: std::cell::RefCell<Vec<f32>> =
+            const { std::cell::RefCell::new(Vec::new()) };
     }
 
     pub(super) fn run(g: &Geometry, xs: &[f32], ys: &mut [f32]) {
@@ -346,33 +377,44 @@ mod avx512 {
                     0
                 }
             ];
+            let one = Geometry {
+                x: [1, 1, h, w],
+                y: [1, 1, oh, ow],
+                ..*g
+            };
             for plane in t * per_task..((t + 1) * per_task).min(planes) {
                 let x = &xs[plane * h * w..][..h * w];
                 // SAFETY: this task's planes are its own.
                 let y = unsafe {
                     std::slice::from_raw_parts_mut(dst.ptr().add(plane * oh * ow), oh * ow)
                 };
-                // SAFETY: the CPU has AVX-512F and DQ (the caller checked).
-                let nan = unsafe {
-                    match g.attrs.kind {
-                        PoolKind::Max => max_plane(g, x, w, &mut rows, y),
-                        PoolKind::Avg => {
-                            avg_plane(g, x, y);
-                            false
-                        }
-                    }
-                };
-                if nan {
-                    // Which NaN: the reference keeps the window's first.
-                    let (img, ch) = (plane / c, plane % c);
-                    for r in 0..oh {
-                        for o in 0..ow {
-                            y[r * ow + o] = g.window(xs, img, ch, r, o);
-                        }
-                    }
-                }
+                super::avx512::plane(&one, x, &mut rows, y);
             }
         });
+    }
+
+    /// One NCHW plane `x` of `g` (`[1, 1, h, w]`) pooled into `y`, `rows` holding the
+    /// horizontal maxima (`h × ow`, for a max); a plane with a NaN is redone on the scalar
+    /// window loop, which keeps the reference's NaN (the window's first).
+    pub(super) fn plane(g: &Geometry, x: &[f32], rows: &mut [f32], y: &mut [f32]) {
+        let [_, _, oh, ow] = g.y;
+        // SAFETY: the CPU has AVX-512F and DQ (the callers check).
+        let nan = unsafe {
+            match g.attrs.kind {
+                PoolKind::Max => max_plane(g, x, g.x[3], rows, y),
+                PoolKind::Avg => {
+                    avg_plane(g, x, y);
+                    false
+                }
+            }
+        };
+        if nan {
+            for r in 0..oh {
+                for o in 0..ow {
+                    y[r * ow + o] = g.window(x, 0, 0, r, o);
+                }
+            }
+        }
     }
 
     /// Max pooling of one plane: each input row's maxima over the window's columns into

@@ -258,14 +258,13 @@ fn one_pass(
                 if !rest.is_empty() {
                     epilogue(&mut dense, rest.channel(channel, 0, rows_in * cw));
                 }
-                crate::pooling::pool_slices(
-                    &dense,
-                    &[1, 1, rows_in, cw],
+                crate::pooling::pool_plane(
                     &band_pool,
-                    &[1, 1, band.len(), pw],
+                    [rows_in, cw],
+                    &dense,
+                    [band.len(), pw],
                     dst,
-                )
-                .expect("a band's pooling has its band's shapes");
+                );
             });
         }
     };
