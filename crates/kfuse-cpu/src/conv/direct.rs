@@ -869,14 +869,14 @@ pub(super) unsafe fn compute(
     let per_block = packed.len() / blocks;
     let taps = offsets.len();
     let channels = per_block / (taps * OB);
-    let mut lines = Lines::new(ahead);
+    let lines = std::cell::RefCell::new(Lines::new(ahead));
     let calls = dst.valid.div_ceil(QB) * blocks;
-    let per_call = lines.total().div_ceil(calls.max(1));
+    let per_call = lines.borrow().total().div_ceil(calls.max(1));
     assert!(has_avx512());
     // Block b of output channels at positions qb.., reading `sums` terms of `x` laid out as
     // `plane` and `offsets` say.
-    let mut run = |qb: usize, b: usize, x: &[f32], plane: usize, offsets: &[usize], sums: usize| {
-        lines.ask(per_call);
+    let run = |qb: usize, b: usize, x: &[f32], plane: usize, offsets: &[usize], sums: usize| {
+        lines.borrow_mut().ask(per_call);
         let w = &packed[b * per_block..][..per_block];
         let finish = Finish {
             bias: bias
@@ -905,6 +905,50 @@ pub(super) unsafe fn compute(
             }
         };
     };
+    // A one-tap (pointwise) column: its whole blocks of channels in one call, without the
+    // per-block setup of `run`.
+    if taps == 1 {
+        let whole = dst.channels / OB;
+        let column = Column {
+            plane,
+            channels,
+            weights: packed.as_ptr(),
+            blocks: whole,
+            stride: dst.stride,
+            bias: bias.map(<[f32]>::as_ptr),
+            residual,
+            act,
+            stream: stream
+                && (dst.ptr as usize).is_multiple_of(64)
+                && dst.stride.is_multiple_of(16),
+            per_block: per_call,
+        };
+        assert!(packed.len() >= whole * per_block);
+        assert!(bias.is_none_or(|b| b.len() >= whole * OB));
+        for qb in (0..dst.valid).step_by(QB) {
+            let mut first = 0;
+            if dst.valid - qb >= QB && whole > 0 {
+                let at = offsets[0] + qb;
+                assert!(x.len() >= channels.saturating_sub(1) * plane + at + QB);
+                // SAFETY: the CPU has AVX-512 (asserted); the column's reads are in bounds
+                // by the assertions above, and its writes among those the caller vouches
+                // for.
+                unsafe {
+                    pointwise_column(
+                        &column,
+                        x.as_ptr().add(at),
+                        dst.ptr.wrapping_add(qb),
+                        &mut lines.borrow_mut(),
+                    )
+                };
+                first = whole;
+            }
+            for b in first..blocks {
+                run(qb, b, &x[qb..], plane, offsets, channels);
+            }
+        }
+        return;
+    }
     if taps == 1 || blocks == 1 || channels * taps * QB * std::mem::size_of::<f32>() <= PACK_COLUMN
     {
         for qb in (0..dst.valid).step_by(QB) {
@@ -956,6 +1000,30 @@ const PACK_BAND: usize = 1 << 20;
 thread_local! {
     /// Each thread's contiguous copy of a column for [`compute`].
     static COLUMN: std::cell::RefCell<Vec<Line>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Whether a pointwise projection asks for the next band's input as it runs (see
+/// `pointwise_bands`): everywhere but on Intel CPUs. On the Intel reference host (Emerald
+/// Rapids), W6a's fused block with and without the prefetches alternating in one process, 30
+/// rounds, median paired ratio without over with: 0.957, 0.964 and 0.991, and 0.958–0.983 in
+/// an earlier session; with the order swapped, with over without: 1.033, 1.033, 1.043. Sampled, the prefetches moved about 5% of the block's time out of the
+/// depthwise fill and into the projection, whose streamed stores they compete with for the
+/// core's line fill buffers; spread four or eight times thinner (every fourth or eighth line,
+/// for the L2 streamer to follow), they still cost 2–6%.
+fn prefetches_ahead() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        !*INTEL.get_or_init(|| {
+            let id = std::arch::x86_64::__cpuid(0);
+            [id.ebx, id.edx, id.ecx]
+                .iter()
+                .flat_map(|r| r.to_le_bytes())
+                .eq(*b"GenuineIntel")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    true
 }
 
 /// A cache line of floats, so that a buffer of them is aligned to lines.
@@ -1206,6 +1274,129 @@ unsafe fn block<const V: usize>(
     }
     // SAFETY: forwarded from the caller.
     unsafe { store(acc, dst, finish) }
+}
+
+/// What every block of a pointwise column shares ([`pointwise_column`]).
+struct Column {
+    /// Elements between one input channel's positions and the next one's.
+    plane: usize,
+    /// Input channels.
+    channels: usize,
+    /// The packed weights of the blocks, `channels * OB` each (`[c][o]`).
+    weights: *const f32,
+    /// Whole blocks of `OB` output channels.
+    blocks: usize,
+    /// Elements between one output channel's positions and the next one's.
+    stride: usize,
+    /// One value per output channel, added.
+    bias: Option<*const f32>,
+    residual: Option<Residual>,
+    act: Option<InRegisters>,
+    /// Non-temporal stores (the output then 64-byte aligned, `stride` a multiple of 16).
+    stream: bool,
+    /// Lines of the next band's input asked for per block.
+    per_block: usize,
+}
+
+/// The whole blocks of output channels of one column of [`QB`] positions of a pointwise
+/// convolution (its input at `x`, output channel `o` position `q` at `dst + o * stride + q`),
+/// one block after another in one loop: the bias, residual and activation are chosen once
+/// for the column, each block's sums stay in registers and go out through [`store_each`].
+/// Calling [`block`] per block, with its `Finish` and `Dst` built and its checks run each
+/// time, took about 5% more of W6a's fused block (paired in one process).
+///
+/// # Safety
+/// The CPU must have AVX-512F and DQ; `x` must be readable for `(channels - 1) * plane + QB`
+/// elements, the weights (and bias) for `blocks` blocks, and the output (and residual)
+/// elements of the blocks must be writable (readable) and this thread's alone.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn pointwise_column(col: &Column, x: *const f32, dst: *mut f32, lines: &mut Lines) {
+    // One arm per epilogue shape, so that each loop is compiled for it.
+    macro_rules! acts {
+        ($bias:literal, $res:literal) => {
+            match col.act {
+                None => pointwise_blocks::<$bias, $res>(col, x, dst, lines, |v| v),
+                Some(InRegisters::Relu) => {
+                    pointwise_blocks::<$bias, $res>(col, x, dst, lines, |v| {
+                        InRegisters::Relu.apply(v)
+                    })
+                }
+                Some(InRegisters::Clamp { lo, hi }) => {
+                    pointwise_blocks::<$bias, $res>(col, x, dst, lines, |v| {
+                        InRegisters::Clamp { lo, hi }.apply(v)
+                    })
+                }
+                Some(InRegisters::HardSwish { divide_last }) => {
+                    pointwise_blocks::<$bias, $res>(col, x, dst, lines, |v| {
+                        InRegisters::HardSwish { divide_last }.apply(v)
+                    })
+                }
+            }
+        };
+    }
+    // SAFETY (all arms): forwarded from the caller, whose features `apply` runs with.
+    unsafe {
+        match (col.bias.is_some(), col.residual.is_some()) {
+            (false, false) => acts!(false, false),
+            (true, false) => acts!(true, false),
+            (false, true) => acts!(false, true),
+            (true, true) => acts!(true, true),
+        }
+    }
+}
+
+/// [`pointwise_column`] with its bias and residual known at compile time.
+///
+/// # Safety
+/// As for [`pointwise_column`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn pointwise_blocks<const BIAS: bool, const RES: bool>(
+    col: &Column,
+    x: *const f32,
+    dst: *mut f32,
+    lines: &mut Lines,
+    act: impl Fn(__m512) -> __m512,
+) {
+    let cg = col.channels;
+    for b in 0..col.blocks {
+        lines.ask(col.per_block);
+        let part = Dst {
+            ptr: dst.wrapping_add(b * OB * col.stride),
+            stride: col.stride,
+            channels: OB,
+            valid: QB,
+        };
+        let residual = match col.residual {
+            Some(r) if RES => {
+                r.prefetch(&part);
+                r.at(part.ptr)
+            }
+            _ => std::ptr::null(),
+        };
+        let mut acc = [[_mm512_setzero_ps(); NV]; OB];
+        // SAFETY: in bounds as the caller vouches.
+        unsafe {
+            let (mut at, mut wt) = (x, col.weights.add(b * cg * OB));
+            for _ in 0..cg {
+                let xv: [__m512; NV] = std::array::from_fn(|v| _mm512_loadu_ps(at.add(16 * v)));
+                for (o, row) in acc.iter_mut().enumerate() {
+                    let wv = _mm512_set1_ps(*wt.add(o));
+                    for (a, xv) in row.iter_mut().zip(&xv) {
+                        *a = _mm512_fmadd_ps(wv, *xv, *a);
+                    }
+                }
+                at = at.add(col.plane);
+                wt = wt.add(OB);
+            }
+            let bias: [f32; OB] = match col.bias {
+                Some(bias) if BIAS => std::array::from_fn(|o| *bias.add(b * OB + o)),
+                _ => [0.0; OB],
+            };
+            store_each::<NV, BIAS, RES>(acc, part, col.stream, &bias, residual, &act);
+        }
+    }
 }
 
 /// A block's sums, finished (bias, activation) and stored as `dst` says.
@@ -2008,11 +2199,13 @@ fn pointwise_bands(
         let q_blocks = p.div_ceil(QB) * QB;
         // The band this thread is likely to take next (the threads claim tasks in turn), whose
         // input the projection asks for into L2 as it runs, so that the next depthwise half
-        // reads less of it from memory. W6a, alternating in one process: 1.5–3.5% faster
-        // (4.88 → 4.81, 4.88 → 4.70 ms); the same with bands half as high, which keep the
-        // tile and the next input in L2 together. A wrong guess costs only the bandwidth.
+        // reads less of it from memory. W6a on the AMD host, alternating in one process:
+        // 1.5–3.5% faster (4.88 → 4.81, 4.88 → 4.70 ms); the same with bands half as high,
+        // which keep the tile and the next input in L2 together. A wrong guess costs only the
+        // bandwidth. On the Intel host the prefetches slow the projection by more than they
+        // save the fill (see [`prefetches_ahead`]).
         let next = n * bands + band.start / rows + pool.threads();
-        let ahead = if next < n_images * bands {
+        let ahead = if next < n_images * bands && prefetches_ahead() {
             let (n2, b2) = (next / bands, next % bands);
             input_of(n2, &(b2 * rows..((b2 + 1) * rows).min(oh)))
         } else {
@@ -2221,6 +2414,24 @@ mod tests {
         check_against_sums(&cases);
     }
 
+    /// 1×1 convolutions on [`pointwise`] (a copy of each band's input rows, projected by the
+    /// microkernel one column of positions at a time): at stride 1 and 2, several bands and
+    /// columns, a last partial column, output channels short of a block, and each epilogue,
+    /// the residual among them added in registers.
+    #[test]
+    fn pointwise_convolutions_on_a_copy_match_their_sums() {
+        check_run_against_sums(
+            &[
+                (2, 64, 72, 29, 29, 1, 1, [2, 2], [1, 1], 1, [0, 0, 0, 0]),
+                (3, 64, 70, 28, 30, 1, 1, [2, 2], [1, 1], 1, [0, 0, 0, 0]),
+                (1, 40, 24, 9, 9, 1, 1, [1, 1], [1, 1], 1, [0, 0, 0, 0]),
+                (2, 16, 20, 30, 30, 1, 1, [1, 1], [1, 1], 1, [0, 0, 0, 0]),
+                (1, 7, 9, 1, 1, 1, 1, [1, 1], [1, 1], 1, [0, 0, 0, 0]),
+            ],
+            pointwise,
+        );
+    }
+
     /// Same-width convolutions whose last block of positions holds 1 to 7 of them, which the
     /// tail kernel computes with vectors over output channels: every tail size, groups,
     /// dilation, output channels short of a block, and a single position.
@@ -2282,6 +2493,17 @@ mod tests {
     }
 
     fn check_against_sums(cases: &[Case]) {
+        for case in cases {
+            assert!(applies(&geometry_of(case)), "{case:?}");
+        }
+        check_run_against_sums(cases, conv);
+    }
+
+    /// A convolution routine: geometry, input, weights, output, epilogue.
+    type Routine = fn(&Geometry, &[f32], &[f32], &mut [f32], Post<f32>);
+
+    /// [`check_against_sums`] for `run` in place of [`conv`].
+    fn check_run_against_sums(cases: &[Case], run: Routine) {
         if !has_avx512() {
             eprintln!("SKIPPED: the direct kernel needs AVX-512, which this CPU lacks");
             return;
@@ -2291,7 +2513,6 @@ mod tests {
         for (case, &(n, ci, co, h, w, kh, kw, _, _, groups, _)) in cases.iter().enumerate() {
             let g = geometry_of(&cases[case]);
             let [oh, ow] = [g.y[2], g.y[3]];
-            assert!(applies(&g));
             let xs = values(n * ci * h * w, 7 + case as u64, 5, &specials);
             let ws = values(co * ci / groups * kh * kw, 8, 0, &[]);
             let bias: Vec<f32> = (0..co).map(|o| o as f32 * 0.3 - 1.0).collect();
@@ -2328,7 +2549,7 @@ mod tests {
             ];
             for post in posts {
                 let mut y = vec![f32::NAN; n * co * oh * ow];
-                conv(&g, &xs, &ws, &mut y, post);
+                run(&g, &xs, &ws, &mut y, post);
                 super::super::reference::assert_within(
                     &y,
                     &want,
