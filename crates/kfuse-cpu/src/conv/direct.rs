@@ -1006,10 +1006,11 @@ thread_local! {
 /// `pointwise_bands`): everywhere but on Intel CPUs. On the Intel reference host (Emerald
 /// Rapids), W6a's fused block with and without the prefetches alternating in one process, 30
 /// rounds, median paired ratio without over with: 0.957, 0.964 and 0.991, and 0.958–0.983 in
-/// an earlier session; with the order swapped, with over without: 1.033, 1.033, 1.043. Sampled, the prefetches moved about 5% of the block's time out of the
-/// depthwise fill and into the projection, whose streamed stores they compete with for the
-/// core's line fill buffers; spread four or eight times thinner (every fourth or eighth line,
-/// for the L2 streamer to follow), they still cost 2–6%.
+/// an earlier session; with the order swapped, with over without: 1.033, 1.033, 1.043.
+/// Sampled, the prefetches moved about 5% of the block's time out of the depthwise fill and
+/// into the projection, whose streamed stores they compete with for the core's line fill
+/// buffers; spread four or eight times thinner (every fourth or eighth line, for the L2
+/// streamer to follow), they still cost 2–6%.
 fn prefetches_ahead() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -1303,7 +1304,8 @@ struct Column {
 /// one block after another in one loop: the bias, residual and activation are chosen once
 /// for the column, each block's sums stay in registers and go out through [`store_each`].
 /// Calling [`block`] per block, with its `Finish` and `Dst` built and its checks run each
-/// time, took about 5% more of W6a's fused block (paired in one process).
+/// time, took 6–7% more of W6a's fused block (paired in one process: new over old 0.932,
+/// 0.937, 0.942).
 ///
 /// # Safety
 /// The CPU must have AVX-512F and DQ; `x` must be readable for `(channels - 1) * plane + QB`
@@ -1749,6 +1751,11 @@ unsafe fn tail_block<const P: usize, const S: usize>(
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn tail_block<const P: usize, const S: usize>(_: &[f32], _: &[f32], _: Dst, _: &Finish) {
+    unreachable!("`applies` is false without AVX-512")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn pointwise_column(_: &Column, _: *const f32, _: *mut f32, _: &mut Lines) {
     unreachable!("`applies` is false without AVX-512")
 }
 
