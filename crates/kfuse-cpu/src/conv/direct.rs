@@ -949,8 +949,8 @@ pub(super) unsafe fn compute(
         }
         return;
     }
-    if taps == 1 || blocks == 1 || channels * taps * QB * std::mem::size_of::<f32>() <= PACK_COLUMN
-    {
+    // Several taps: a column that fits in L1 (or read by one block) is read in place.
+    if blocks == 1 || channels * taps * QB * std::mem::size_of::<f32>() <= PACK_COLUMN {
         for qb in (0..dst.valid).step_by(QB) {
             for b in 0..blocks {
                 run(qb, b, &x[qb..], plane, offsets, channels);
