@@ -875,7 +875,13 @@ pub(super) unsafe fn compute(
     assert!(has_avx512());
     // Block b of output channels at positions qb.., reading `sums` terms of `x` laid out as
     // `plane` and `offsets` say.
-    let run = |qb: usize, b: usize, x: &[f32], plane: usize, offsets: &[usize], sums: usize| {
+    let run_to = |qb: usize,
+                  end: usize,
+                  b: usize,
+                  x: &[f32],
+                  plane: usize,
+                  offsets: &[usize],
+                  sums: usize| {
         lines.borrow_mut().ask(per_call);
         let w = &packed[b * per_block..][..per_block];
         let finish = Finish {
@@ -889,7 +895,7 @@ pub(super) unsafe fn compute(
             ptr: dst.ptr.wrapping_add(b * OB * dst.stride + qb),
             stride: dst.stride,
             channels: (dst.channels - b * OB).min(OB),
-            valid: dst.valid - qb,
+            valid: end - qb,
         };
         if let Some(r) = &residual {
             r.prefetch(&part);
@@ -898,13 +904,33 @@ pub(super) unsafe fn compute(
         // are among those the caller vouches for. A last partial block computes only the
         // vectors its positions reach: a 7×7 image's 49 positions take 64, not 96.
         unsafe {
-            match (dst.valid - qb).div_ceil(16) {
+            match (end - qb).div_ceil(16) {
                 1 => block::<1>(x, plane, offsets, w, sums, part, &finish),
                 2 => block::<2>(x, plane, offsets, w, sums, part, &finish),
                 _ => block::<NV>(x, plane, offsets, w, sums, part, &finish),
             }
         };
     };
+    let run = |qb: usize, b: usize, x: &[f32], plane: usize, offsets: &[usize], sums: usize| {
+        run_to(qb, dst.valid, b, x, plane, offsets, sums)
+    };
+    // An output to be streamed that starts off a cache line (a buffer from an allocator
+    // that does not align it: glibc puts large ones 16 bytes past a page) takes the
+    // positions up to the next line first, as a partial block stored ordinarily, so that
+    // the columns after it start on lines and stream. Only whole lines of the output's
+    // own positions are then streamed: a line it shares with another task's positions
+    // gets ordinary stores from both.
+    let off_line = (dst.ptr as usize) % 64;
+    let head = if stream && off_line.is_multiple_of(4) && dst.stride.is_multiple_of(16) {
+        ((64 - off_line) % 64 / 4).min(dst.valid)
+    } else {
+        0
+    };
+    if head > 0 {
+        for b in 0..blocks {
+            run_to(0, head, b, x, plane, offsets, channels);
+        }
+    }
     // A one-tap (pointwise) column: its whole blocks of channels in one call, without the
     // per-block setup of `run`.
     if taps == 1 {
@@ -919,13 +945,13 @@ pub(super) unsafe fn compute(
             residual,
             act,
             stream: stream
-                && (dst.ptr as usize).is_multiple_of(64)
+                && (dst.ptr.wrapping_add(head) as usize).is_multiple_of(64)
                 && dst.stride.is_multiple_of(16),
             per_block: per_call,
         };
         assert!(packed.len() >= whole * per_block);
         assert!(bias.is_none_or(|b| b.len() >= whole * OB));
-        for qb in (0..dst.valid).step_by(QB) {
+        for qb in (head..dst.valid).step_by(QB) {
             let mut first = 0;
             if dst.valid - qb >= QB && whole > 0 {
                 let at = offsets[0] + qb;
@@ -951,7 +977,7 @@ pub(super) unsafe fn compute(
     }
     // Several taps: a column that fits in L1 (or read by one block) is read in place.
     if blocks == 1 || channels * taps * QB * std::mem::size_of::<f32>() <= PACK_COLUMN {
-        for qb in (0..dst.valid).step_by(QB) {
+        for qb in (head..dst.valid).step_by(QB) {
             for b in 0..blocks {
                 run(qb, b, &x[qb..], plane, offsets, channels);
             }
@@ -968,7 +994,7 @@ pub(super) unsafe fn compute(
         let col = unsafe {
             std::slice::from_raw_parts_mut(column.as_mut_ptr().cast::<f32>(), lines_needed * 16)
         };
-        for qb in (0..dst.valid).step_by(QB) {
+        for qb in (head..dst.valid).step_by(QB) {
             // The vectors the blocks read: whole ones up to the last valid position.
             let lanes = (dst.valid - qb).div_ceil(16).min(NV) * 16;
             // Term `c * taps + t`, as the weights are packed ([c][t][o]), at `col[term * QB]`.
@@ -2593,6 +2619,85 @@ mod tests {
 
     /// Streamed and ordinary stores write the same bits, into an output 64-byte aligned or
     /// not, with partial blocks of channels and positions.
+    #[test]
+    fn streamed_stores_off_a_line_write_what_ordinary_stores_write() {
+        if !has_avx512() {
+            eprintln!("SKIPPED: the direct kernel needs AVX-512, which this CPU lacks");
+            return;
+        }
+        let value = |i: usize| ((i * 7919) % 997) as f32 / 997.0 - 0.5;
+        // Input channels, the taps' offsets, output channels (a partial last block), and
+        // positions per channel (whole vectors, so that the head applies): one tap (the
+        // column loop), four read in place, and four over a copied column.
+        let cases: [(usize, &[usize], usize, usize); 3] = [
+            (5, &[0], 19, 160),
+            (3, &[0, 1, 17, 18], 11, 144),
+            (48, &[0, 1, 17, 18], 11, 160),
+        ];
+        for (channels, offsets, c_out, positions) in cases {
+            let taps = offsets.len();
+            let plane = positions + QB + 32;
+            let x: Vec<f32> = (0..channels * plane).map(value).collect();
+            let ws: Vec<f32> = (0..c_out * channels * taps).map(|i| value(i + 5)).collect();
+            let packed = pack_afresh(&ws, 1, c_out, channels * taps);
+            let bias: Vec<f32> = (0..c_out).map(|i| value(i + 7)).collect();
+            let len = c_out * positions;
+            let run = |y: &mut [f32], stream: bool| {
+                let dst = Dst {
+                    ptr: y.as_mut_ptr(),
+                    stride: positions,
+                    channels: c_out,
+                    valid: positions,
+                };
+                let relu = Some(InRegisters::Relu);
+                // SAFETY: `y` holds the output's channels and is this thread's; the fence
+                // orders the streamed stores before they are read.
+                unsafe {
+                    compute(
+                        &x,
+                        plane,
+                        offsets,
+                        &packed,
+                        dst,
+                        Some(&bias),
+                        None,
+                        relu,
+                        stream,
+                        &[],
+                    );
+                    #[cfg(target_arch = "x86_64")]
+                    _mm_sfence();
+                }
+            };
+            let mut plain = vec![f32::NAN; len];
+            run(&mut plain, false);
+            assert!(plain.iter().all(|v| v.is_finite()));
+            let sentinel = f32::from_bits(0x7fc0_1234);
+            for shift in [0, 1, 4, 12, 15] {
+                // The output `shift` floats past a line, with sentinels on both sides, which
+                // a streamed store of a whole line that the output only shares would overwrite.
+                let mut buffer = vec![sentinel; len + 64];
+                let start = buffer.as_ptr().align_offset(64) + 16 + shift;
+                run(&mut buffer[start..][..len], true);
+                let (before, rest) = buffer.split_at(start);
+                let (y, after) = rest.split_at(len);
+                let same = y
+                    .iter()
+                    .zip(&plain)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{taps} taps, shift {shift}: streamed stores differ from ordinary ones"
+                );
+                let untouched = |s: &[f32]| s.iter().all(|v| v.to_bits() == sentinel.to_bits());
+                assert!(
+                    untouched(before) && untouched(after),
+                    "{taps} taps, shift {shift}: a store reached past the output"
+                );
+            }
+        }
+    }
+
     #[test]
     fn streamed_stores_write_what_ordinary_stores_write() {
         if !has_avx512() {
