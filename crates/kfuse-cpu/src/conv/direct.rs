@@ -920,11 +920,23 @@ pub(super) unsafe fn compute(
     // the columns after it start on lines and stream. Only whole lines of the output's
     // own positions are then streamed: a line it shares with another task's positions
     // gets ordinary stores from both.
+    // The head shifts the blocks after it, so that the last one may read up to 15 positions
+    // past those of the whole blocks of `QB` from position 0; it is taken only where the input
+    // holds them (`pointwise_bands` leaves room past its tiles).
     let off_line = (dst.ptr as usize) % 64;
-    let head = if stream && off_line.is_multiple_of(4) && dst.stride.is_multiple_of(16) {
-        ((64 - off_line) % 64 / 4).min(dst.valid)
-    } else {
-        0
+    let shifted_reach = |head: usize| {
+        let last = offsets.iter().max().copied().unwrap_or(0);
+        channels.saturating_sub(1) * plane + last + head + (dst.valid - head).div_ceil(16) * 16
+    };
+    let head = match ((64 - off_line) % 64 / 4).min(dst.valid) {
+        head if stream
+            && off_line.is_multiple_of(4)
+            && dst.stride.is_multiple_of(16)
+            && shifted_reach(head) <= x.len() =>
+        {
+            head
+        }
+        _ => 0,
     };
     if head > 0 {
         for b in 0..blocks {
@@ -2084,6 +2096,12 @@ type Extra<'a> = dyn Fn(&std::ops::Range<usize>, usize) -> usize + Sync + 'a;
 /// ahead of it.
 type InputOf<'a, 'b> = dyn Fn(usize, &std::ops::Range<usize>) -> Vec<&'b [f32]> + Sync + 'a;
 
+/// Positions past a tile's last plane for the direct kernel to read: where [`compute`]'s
+/// head shifts its blocks of positions onto the output's lines, its last block may read up to
+/// 15 positions past the whole blocks of [`QB`] that a plane holds (their values reach only
+/// lanes that are not stored).
+const SLACK: usize = 16;
+
 /// The pointwise product by `wp` (`c_out × c`) of the `c` planes of `[n, c, oh, ow]` that
 /// `fill` writes for each band of rows, into `y` (`[n, c_out, oh, ow]`) with the epilogue;
 /// stored non-temporally where `stream` (and no part of the epilogue is left to run over the
@@ -2244,12 +2262,16 @@ fn pointwise_bands(
         } else {
             Vec::new()
         };
-        with_scratch(c * q_blocks + extra(&band, c), |scratch: &mut [f32]| {
-            let (tile, rest_of_scratch) = scratch.split_at_mut(c * q_blocks);
-            zero_tails(tile, p, q_blocks);
-            fill(n, band.clone(), 0..c, tile, q_blocks, rest_of_scratch);
-            project(n, &band, tile, q_blocks, 0..c_out, &ahead);
-        })
+        with_scratch(
+            c * q_blocks + SLACK + extra(&band, c),
+            |scratch: &mut [f32]| {
+                let (tile, rest_of_scratch) = scratch.split_at_mut(c * q_blocks + SLACK);
+                let planes = &mut tile[..c * q_blocks];
+                zero_tails(planes, p, q_blocks);
+                fill(n, band.clone(), 0..c, planes, q_blocks, rest_of_scratch);
+                project(n, &band, tile, q_blocks, 0..c_out, &ahead);
+            },
+        )
     };
     // Small whole images, several per task: their positions side by side in one tile, so that
     // the microkernel's blocks of positions run across images instead of ending partly empty
@@ -2306,8 +2328,8 @@ fn pointwise_bands(
             // would fault its pages in at every call: 1×1 576 → 96 at 7×7 took 219 µs so,
             // against 67 on `gemm`), shared with the tasks, which take their own scratch
             // from the first.
-            with_shared_scratch(c * q_blocks, |tile: &mut [f32]| {
-                zero_tails(tile, p, q_blocks);
+            with_shared_scratch(c * q_blocks + SLACK, |tile: &mut [f32]| {
+                zero_tails(&mut tile[..c * q_blocks], p, q_blocks);
                 let shared = Out(tile.as_mut_ptr());
                 pool.run(pool.threads(), &|k| {
                     let chans = fills(k);
@@ -2626,17 +2648,19 @@ mod tests {
             return;
         }
         let value = |i: usize| ((i * 7919) % 997) as f32 / 997.0 - 0.5;
-        // Input channels, the taps' offsets, output channels (a partial last block), and
-        // positions per channel (whole vectors, so that the head applies): one tap (the
-        // column loop), four read in place, and four over a copied column.
-        let cases: [(usize, &[usize], usize, usize); 3] = [
-            (5, &[0], 19, 160),
-            (3, &[0, 1, 17, 18], 11, 144),
-            (48, &[0, 1, 17, 18], 11, 160),
+        // Input channels, the taps' offsets, output channels (a partial last block), positions
+        // per channel (whole vectors, so that the head applies), and input past them: one tap
+        // (the column loop), four read in place, and four over a copied column; last, an
+        // input with no room for the shifted blocks' reads, so that no head is taken.
+        let cases: [(usize, &[usize], usize, usize, usize); 4] = [
+            (5, &[0], 19, 160, QB + 32),
+            (3, &[0, 1, 17, 18], 11, 144, QB + 32),
+            (48, &[0, 1, 17, 18], 11, 160, QB + 32),
+            (5, &[0], 19, 144, 0),
         ];
-        for (channels, offsets, c_out, positions) in cases {
+        for (channels, offsets, c_out, positions, room) in cases {
             let taps = offsets.len();
-            let plane = positions + QB + 32;
+            let plane = positions + room;
             let x: Vec<f32> = (0..channels * plane).map(value).collect();
             let ws: Vec<f32> = (0..c_out * channels * taps).map(|i| value(i + 5)).collect();
             let packed = pack_afresh(&ws, 1, c_out, channels * taps);
@@ -2704,52 +2728,55 @@ mod tests {
             eprintln!("SKIPPED: the separable kernel needs AVX-512, which this CPU lacks");
             return;
         }
-        let (n, c, c_out, h, w) = (2, 5, 11, 9, 23);
-        let attrs = Conv2dAttrs {
-            layout: Layout::Nchw,
-            stride: [1, 1],
-            padding: [1; 4],
-            dilation: [1, 1],
-            groups: c,
-        };
-        let g = Geometry::new(&[n, c, h, w], &[c, 1, 3, 3], &attrs, &[n, c, h, w]);
-        let value = |i: usize| ((i * 7919) % 997) as f32 / 997.0 - 0.5;
-        let xs: Vec<f32> = (0..n * c * h * w).map(value).collect();
-        let wd: Vec<f32> = (0..c * 9).map(|i| value(i + 11)).collect();
-        let wp: Vec<f32> = (0..c_out * c).map(|i| value(i + 23)).collect();
-        let len = n * c_out * h * w;
-        let none = Post {
-            bias: None,
-            residual: None,
-            act: None,
-        };
-        let bias: Vec<f32> = (0..c_out).map(|i| value(i + 31)).collect();
-        let residual: Vec<f32> = (0..len).map(|i| value(i + 41)).collect();
-        // The residual added in registers, as the stores stream.
-        let shortcut = Post {
-            bias: Some(&bias[..]),
-            residual: Some(&residual[..]),
-            act: Some(Activation::Relu),
-        };
-        for post in [none, shortcut] {
-            let mut plain = vec![f32::NAN; len];
-            separable_stored(&g, &xs, &wd, none, &wp, c_out, &mut plain, post, false);
-            assert!(plain.iter().all(|v| v.is_finite()));
-            for shift in [0, 1] {
-                // A buffer with room to start the output on a line boundary, then one float
-                // past.
-                let mut buffer = vec![f32::NAN; len + 32];
-                let aligned = buffer.as_ptr().align_offset(64);
-                let y = &mut buffer[aligned + shift..][..len];
-                separable_stored(&g, &xs, &wd, none, &wp, c_out, y, post, true);
-                let same = y
-                    .iter()
-                    .zip(&plain)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(
-                    same,
-                    "streamed stores (shift {shift}) differ from ordinary ones"
-                );
+        // Planes of 207 positions (never on lines but the first), and of 240 in three images
+        // (a task per image), each plane as far off a line as the output's start.
+        for (n, c, c_out, h, w) in [(2, 5, 11, 9, 23), (3, 5, 11, 12, 20)] {
+            let attrs = Conv2dAttrs {
+                layout: Layout::Nchw,
+                stride: [1, 1],
+                padding: [1; 4],
+                dilation: [1, 1],
+                groups: c,
+            };
+            let g = Geometry::new(&[n, c, h, w], &[c, 1, 3, 3], &attrs, &[n, c, h, w]);
+            let value = |i: usize| ((i * 7919) % 997) as f32 / 997.0 - 0.5;
+            let xs: Vec<f32> = (0..n * c * h * w).map(value).collect();
+            let wd: Vec<f32> = (0..c * 9).map(|i| value(i + 11)).collect();
+            let wp: Vec<f32> = (0..c_out * c).map(|i| value(i + 23)).collect();
+            let len = n * c_out * h * w;
+            let none = Post {
+                bias: None,
+                residual: None,
+                act: None,
+            };
+            let bias: Vec<f32> = (0..c_out).map(|i| value(i + 31)).collect();
+            let residual: Vec<f32> = (0..len).map(|i| value(i + 41)).collect();
+            // The residual added in registers, as the stores stream.
+            let shortcut = Post {
+                bias: Some(&bias[..]),
+                residual: Some(&residual[..]),
+                act: Some(Activation::Relu),
+            };
+            for post in [none, shortcut] {
+                let mut plain = vec![f32::NAN; len];
+                separable_stored(&g, &xs, &wd, none, &wp, c_out, &mut plain, post, false);
+                assert!(plain.iter().all(|v| v.is_finite()));
+                for shift in [0, 1, 6] {
+                    // A buffer with room to start the output on a line boundary, then a float and
+                    // six past.
+                    let mut buffer = vec![f32::NAN; len + 32];
+                    let aligned = buffer.as_ptr().align_offset(64);
+                    let y = &mut buffer[aligned + shift..][..len];
+                    separable_stored(&g, &xs, &wd, none, &wp, c_out, y, post, true);
+                    let same = y
+                        .iter()
+                        .zip(&plain)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{h}×{w}: streamed stores (shift {shift}) differ from ordinary ones"
+                    );
+                }
             }
         }
     }
