@@ -2641,6 +2641,11 @@ mod tests {
 
     /// Streamed and ordinary stores write the same bits, into an output 64-byte aligned or
     /// not, with partial blocks of channels and positions.
+    /// Whether two runs of values are the same bit for bit.
+    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
     #[test]
     fn streamed_stores_off_a_line_write_what_ordinary_stores_write() {
         if !has_avx512() {
@@ -2705,12 +2710,8 @@ mod tests {
                 run(&mut buffer[start..][..len], true);
                 let (before, rest) = buffer.split_at(start);
                 let (y, after) = rest.split_at(len);
-                let same = y
-                    .iter()
-                    .zip(&plain)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(
-                    same,
+                    same_bits(y, &plain),
                     "{taps} taps, shift {shift}: streamed stores differ from ordinary ones"
                 );
                 let untouched = |s: &[f32]| s.iter().all(|v| v.to_bits() == sentinel.to_bits());
@@ -2768,12 +2769,8 @@ mod tests {
                     let aligned = buffer.as_ptr().align_offset(64);
                     let y = &mut buffer[aligned + shift..][..len];
                     separable_stored(&g, &xs, &wd, none, &wp, c_out, y, post, true);
-                    let same = y
-                        .iter()
-                        .zip(&plain)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(
-                        same,
+                        same_bits(y, &plain),
                         "{h}×{w}: streamed stores (shift {shift}) differ from ordinary ones"
                     );
                 }
