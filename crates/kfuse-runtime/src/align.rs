@@ -36,7 +36,8 @@ pub const HUGE: usize = 4 << 20;
 /// The huge page size aligned to.
 pub const HUGE_PAGE: usize = 2 << 20;
 
-/// The system allocator, with allocations of [`LARGE`] bytes or more aligned to [`LINE`].
+/// The system allocator, with allocations of 64 KiB or more aligned to a 64-byte cache line
+/// (and of 4 MiB or more to a 2 MiB huge page).
 pub struct CacheAligned;
 
 /// The layout actually requested from the system for `layout`: a pure function of it, so that
