@@ -920,6 +920,7 @@ pub(super) unsafe fn compute(
     // the columns after it start on lines and stream. Only whole lines of the output's
     // own positions are then streamed: a line it shares with another task's positions
     // gets ordinary stores from both.
+    //
     // The head shifts the blocks after it, so that the last one may read up to 15 positions
     // past those of the whole blocks of `QB` from position 0; it is taken only where the input
     // holds them (`pointwise_bands` leaves room past its tiles).
@@ -2639,8 +2640,6 @@ mod tests {
         }
     }
 
-    /// Streamed and ordinary stores write the same bits, into an output 64-byte aligned or
-    /// not, with partial blocks of channels and positions.
     /// Whether two runs of values are the same bit for bit.
     fn same_bits(a: &[f32], b: &[f32]) -> bool {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
@@ -2723,6 +2722,8 @@ mod tests {
         }
     }
 
+    /// Streamed and ordinary stores write the same bits, into an output 64-byte aligned or
+    /// not, with partial blocks of channels and positions.
     #[test]
     fn streamed_stores_write_what_ordinary_stores_write() {
         if !has_avx512() {
