@@ -261,6 +261,50 @@ def jax_suite(d):
     }
 
 
+def onnx_ops():
+    """A fresh class whose ops build an ONNX graph for `r18_forward` / `r50_forward` (the peer
+    suite's, and `tools/resnet_layers.py`'s): the nodes go to `nodes`, the weights to `inits`."""
+    from onnx import helper, numpy_helper
+
+    def init(name, array):
+        return numpy_helper.from_array(array, name)
+
+    class OnnxOps:
+        """Builds the graph: each op appends nodes and returns its output's name."""
+        nodes, inits, count = [], [], [0]
+
+        @classmethod
+        def name(cls, what):
+            cls.count[0] += 1
+            return f"{what}{cls.count[0]}"
+
+        @classmethod
+        def node(cls, op, inputs, **attrs):
+            out = cls.name(op.lower())
+            cls.nodes.append(helper.make_node(op, inputs, [out], **attrs))
+            return out
+
+        @classmethod
+        def conv(cls, v, w, b, stride):
+            wn, bn = cls.name("w"), cls.name("b")
+            cls.inits += [init(wn, w), init(bn, b)]
+            p = w.shape[2] // 2
+            return cls.node("Conv", [v, wn, bn], strides=[stride, stride], pads=[p] * 4)
+
+        relu = classmethod(lambda cls, v: cls.node("Relu", [v]))
+        add = classmethod(lambda cls, a, b: cls.node("Add", [a, b]))
+        maxpool = classmethod(lambda cls, v: cls.node("MaxPool", [v], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
+        gap = classmethod(lambda cls, v: cls.node("Flatten", [cls.node("GlobalAveragePool", [v])]))
+
+        @classmethod
+        def dense(cls, v, w, b):
+            wn, bn = cls.name("fc"), cls.name("fcb")
+            cls.inits += [init(wn, w), init(bn, b)]
+            return cls.node("Gemm", [v, wn, bn])
+
+    return OnnxOps
+
+
 def ort_suite(d):
     import onnx
     import onnxruntime as ort
@@ -318,39 +362,7 @@ def ort_suite(d):
                   helper.make_node("Relu", ["bn"], ["o"])],
                  [t("x", list(CBR))], [t("o", list(CBR))],
                  [init("w", d["bw"]), init("gamma", d["gamma"]), init("beta", d["beta"]), init("mean", d["mean"]), init("var", d["var"])])
-    class OnnxOps:
-        """Builds the graph: each op appends nodes and returns its output's name."""
-        nodes, inits, count = [], [], [0]
-
-        @classmethod
-        def name(cls, what):
-            cls.count[0] += 1
-            return f"{what}{cls.count[0]}"
-
-        @classmethod
-        def node(cls, op, inputs, **attrs):
-            out = cls.name(op.lower())
-            cls.nodes.append(helper.make_node(op, inputs, [out], **attrs))
-            return out
-
-        @classmethod
-        def conv(cls, v, w, b, stride):
-            wn, bn = cls.name("w"), cls.name("b")
-            cls.inits += [init(wn, w), init(bn, b)]
-            p = w.shape[2] // 2
-            return cls.node("Conv", [v, wn, bn], strides=[stride, stride], pads=[p] * 4)
-
-        relu = classmethod(lambda cls, v: cls.node("Relu", [v]))
-        add = classmethod(lambda cls, a, b: cls.node("Add", [a, b]))
-        maxpool = classmethod(lambda cls, v: cls.node("MaxPool", [v], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
-        gap = classmethod(lambda cls, v: cls.node("Flatten", [cls.node("GlobalAveragePool", [v])]))
-
-        @classmethod
-        def dense(cls, v, w, b):
-            wn, bn = cls.name("fc"), cls.name("fcb")
-            cls.inits += [init(wn, w), init(bn, b)]
-            return cls.node("Gemm", [v, wn, bn])
-
+    OnnxOps = onnx_ops()
     logits = r18_forward(OnnxOps, "x", d["r18"])
     r18 = session(OnnxOps.nodes, [t("x", [R18[0], 3, R18[1], R18[1]])], [t(logits, [R18[0], 1000])], OnnxOps.inits)
     OnnxOps.nodes, OnnxOps.inits = [], []
