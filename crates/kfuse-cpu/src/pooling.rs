@@ -77,11 +77,7 @@ pub(crate) fn pool_plane(
             avx512::plane(&g, x, &mut rows, y)
         });
     }
-    for r in 0..oh {
-        for o in 0..ow {
-            y[r * ow + o] = g.window(x, 0, 0, r, o);
-        }
-    }
+    g.plane_by_windows(x, y);
 }
 
 fn nchw(dims: &[usize], layout: Layout) -> [usize; 4] {
@@ -115,6 +111,17 @@ impl Geometry<'_> {
         match self.attrs.layout {
             Layout::Nchw => ((n * d[1] + ch) * d[2] + h) * d[3] + w,
             Layout::Nhwc => ((n * d[2] + h) * d[3] + w) * d[1] + ch,
+        }
+    }
+
+    /// Every output of a one-plane geometry (`[1, 1, h, w]`) from `x` into `y`, by the
+    /// reference's window loop: the path that keeps the reference's NaN.
+    fn plane_by_windows(&self, x: &[f32], y: &mut [f32]) {
+        let [_, _, oh, ow] = self.y;
+        for r in 0..oh {
+            for o in 0..ow {
+                y[r * ow + o] = self.window(x, 0, 0, r, o);
+            }
         }
     }
 
@@ -397,7 +404,6 @@ mod avx512 {
     /// horizontal maxima (`h × ow`, for a max); a plane with a NaN is redone on the scalar
     /// window loop, which keeps the reference's NaN (the window's first).
     pub(super) fn plane(g: &Geometry, x: &[f32], rows: &mut [f32], y: &mut [f32]) {
-        let [_, _, oh, ow] = g.y;
         // SAFETY: the CPU has AVX-512F and DQ (the callers check).
         let nan = unsafe {
             match g.attrs.kind {
@@ -409,11 +415,7 @@ mod avx512 {
             }
         };
         if nan {
-            for r in 0..oh {
-                for o in 0..ow {
-                    y[r * ow + o] = g.window(x, 0, 0, r, o);
-                }
-            }
+            g.plane_by_windows(x, y);
         }
     }
 

@@ -1283,13 +1283,7 @@ unsafe fn block<const V: usize>(
         unsafe {
             let (mut at, mut wt) = (xp.add(off), wp);
             for _ in 0..cg {
-                let xv: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(at.add(16 * v)));
-                for (o, row) in acc.iter_mut().enumerate() {
-                    let wv = _mm512_set1_ps(*wt.add(o));
-                    for (a, xv) in row.iter_mut().zip(&xv) {
-                        *a = _mm512_fmadd_ps(wv, *xv, *a);
-                    }
-                }
+                step(&mut acc, at, wt);
                 at = at.add(plane);
                 wt = wt.add(OB);
             }
@@ -1300,15 +1294,11 @@ unsafe fn block<const V: usize>(
         for (t, &off) in offsets.iter().enumerate() {
             // SAFETY: in bounds by the assertions above.
             unsafe {
-                let at = xp.add(c * plane + off);
-                let xv: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(at.add(16 * v)));
-                let wt = wp.add((c * taps + t) * OB);
-                for (o, row) in acc.iter_mut().enumerate() {
-                    let wv = _mm512_set1_ps(*wt.add(o));
-                    for (a, xv) in row.iter_mut().zip(&xv) {
-                        *a = _mm512_fmadd_ps(wv, *xv, *a);
-                    }
-                }
+                step(
+                    &mut acc,
+                    xp.add(c * plane + off),
+                    wp.add((c * taps + t) * OB),
+                );
             }
         }
     }
@@ -1421,13 +1411,7 @@ unsafe fn pointwise_blocks<const BIAS: bool, const RES: bool>(
         unsafe {
             let (mut at, mut wt) = (x, col.weights.add(b * cg * OB));
             for _ in 0..cg {
-                let xv: [__m512; NV] = std::array::from_fn(|v| _mm512_loadu_ps(at.add(16 * v)));
-                for (o, row) in acc.iter_mut().enumerate() {
-                    let wv = _mm512_set1_ps(*wt.add(o));
-                    for (a, xv) in row.iter_mut().zip(&xv) {
-                        *a = _mm512_fmadd_ps(wv, *xv, *a);
-                    }
-                }
+                step(&mut acc, at, wt);
                 at = at.add(col.plane);
                 wt = wt.add(OB);
             }
@@ -1436,6 +1420,27 @@ unsafe fn pointwise_blocks<const BIAS: bool, const RES: bool>(
                 _ => [0.0; OB],
             };
             store_each::<NV, BIAS, RES>(acc, part, col.stream, &bias, residual, &act);
+        }
+    }
+}
+
+/// One term of a block's sums: `V` vectors of positions from `x`, each times the `OB` weights
+/// at `w` (one broadcast each), added to the sums in registers. Always inlined into the
+/// (AVX-512) blocks, whose features it takes, as [`store_each`] is.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `x` must be readable for `16 V` elements and `w` for `OB`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn step<const V: usize>(acc: &mut [[__m512; V]; OB], x: *const f32, w: *const f32) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let xv: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(x.add(16 * v)));
+        for (o, row) in acc.iter_mut().enumerate() {
+            let wv = _mm512_set1_ps(*w.add(o));
+            for (a, xv) in row.iter_mut().zip(&xv) {
+                *a = _mm512_fmadd_ps(wv, *xv, *a);
+            }
         }
     }
 }
