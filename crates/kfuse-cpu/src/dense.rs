@@ -21,8 +21,9 @@ pub struct Epilogue<'a> {
     pub scale: Option<&'a Storage>,
     /// Then a residual of the output's shape and dtype, added.
     pub residual: Option<&'a Storage>,
-    /// Then this activation, computed as the IR's op computes it (`kfuse-math`'s definitions,
-    /// bit for bit).
+    /// Then this activation, computed as the IR's op computes it (`kfuse-math`'s definitions),
+    /// bit for bit but for the forms that fast numerics bounds instead: GELU's tanh form within
+    /// 2 ULPs, its erf form (one input one ULP off) and SiLU (within 3 ULPs); see `simd.rs`.
     pub activation: Option<Activation>,
 }
 
@@ -107,7 +108,8 @@ pub(crate) trait Real: Copy + Send + Sync + 'static + PartialOrd {
     fn div(self, other: Self) -> Self;
     /// `self * a + b`, fused (one rounding) where the code is compiled with FMA.
     fn mul_add(self, a: Self, b: Self) -> Self;
-    /// The IR's `gelu_tanh` of every element (sixteen lanes at a time for f32 with AVX-512).
+    /// The IR's `gelu_tanh` of every element (sixteen lanes at a time for f32 with AVX-512,
+    /// within 2 ULPs).
     fn gelu_tanh_slice(values: &mut [Self]);
     /// The IR's `gelu` (the erf form) of every element (sixteen lanes at a time for f32 with
     /// AVX-512).
@@ -453,8 +455,10 @@ impl<T> Tail<'_, T> {
 }
 
 /// Applies `tail` to `values`. Results are those of the IR's `add` and activation ops, bit for
-/// bit (but for GELU's erf form, one input one ULP off, and SiLU, within 3 ULPs: see `simd.rs`). Bias, residual and ReLU take one pass, compiled for AVX-512 as well; the other
-/// activations run as a second pass of their explicit 16-lane forms ([`slice_form`]).
+/// bit (but for GELU's tanh form, within 2 ULPs; its erf form, one input one ULP off; and
+/// SiLU, within 3 ULPs: see `simd.rs`). Bias, residual and ReLU take one pass, compiled for
+/// AVX-512 as well; the other activations run as a second pass of their explicit 16-lane
+/// forms ([`slice_form`]).
 pub(crate) fn epilogue<T: Real>(values: &mut [T], tail: Tail<T>) {
     if tail.is_empty() {
         return;
