@@ -682,6 +682,12 @@ mod x86 {
         16 * blocks
     }
 
+    /// `B` vectors, the `i`-th `f(i)`.
+    #[inline(always)]
+    fn each<const B: usize>(f: impl FnMut(usize) -> __m512) -> [__m512; B] {
+        std::array::from_fn(f)
+    }
+
     /// `gelu_tanh_f32` of `B` blocks of sixteen lanes, in f32 throughout, within 2 ULPs of the
     /// definition (which evaluates in f64; see [`super::gelu_tanh_f32_slice`]).
     ///
@@ -710,27 +716,26 @@ mod x86 {
         const C3: f64 = C1 * 0.044_715;
         let (c1h, c3h) = (C1 as f32, C3 as f32);
         let (c1l, c3l) = ((C1 - c1h as f64) as f32, (C3 - c3h as f64) as f32);
-        let each = |f: &dyn Fn(usize) -> __m512| -> [__m512; B] { std::array::from_fn(f) };
         let z = x.map(|x| _mm512_or_ps(x, c(-0.0)));
         // z^2 and z^3 as high and low parts.
         let sh = z.map(|z| _mm512_mul_ps(z, z));
-        let sl = each(&|i| _mm512_fmsub_ps(z[i], z[i], sh[i]));
-        let ch = each(&|i| _mm512_mul_ps(sh[i], z[i]));
-        let cl = each(&|i| _mm512_fmadd_ps(sl[i], z[i], _mm512_fmsub_ps(sh[i], z[i], ch[i])));
+        let sl = each::<B>(|i| _mm512_fmsub_ps(z[i], z[i], sh[i]));
+        let ch = each::<B>(|i| _mm512_mul_ps(sh[i], z[i]));
+        let cl = each::<B>(|i| _mm512_fmadd_ps(sl[i], z[i], _mm512_fmsub_ps(sh[i], z[i], ch[i])));
         // The two terms c1 z and c3 z^3, each as high and low parts.
         let ah = z.map(|z| _mm512_mul_ps(c(c1h), z));
-        let al = each(&|i| _mm512_fmadd_ps(c(c1l), z[i], _mm512_fmsub_ps(c(c1h), z[i], ah[i])));
+        let al = each::<B>(|i| _mm512_fmadd_ps(c(c1l), z[i], _mm512_fmsub_ps(c(c1h), z[i], ah[i])));
         let bh = ch.map(|v| _mm512_mul_ps(c(c3h), v));
-        let bl = each(&|i| {
+        let bl = each::<B>(|i| {
             let low = _mm512_fmsub_ps(c(c3h), ch[i], bh[i]);
             let low = _mm512_fmadd_ps(c(c3h), cl[i], low);
             _mm512_fmadd_ps(c(c3l), ch[i], low)
         });
         // Both terms are at most 0: the smaller is the larger in magnitude.
-        let t = each(&|i| _mm512_add_ps(ah[i], bh[i]));
+        let t = each::<B>(|i| _mm512_add_ps(ah[i], bh[i]));
         let live: [__mmask16; B] =
             std::array::from_fn(|i| _mm512_cmp_ps_mask::<_CMP_GT_OQ>(t[i], c(-110.0)));
-        let tl = each(&|i| {
+        let tl = each::<B>(|i| {
             let (big, small) = (_mm512_min_ps(ah[i], bh[i]), _mm512_max_ps(ah[i], bh[i]));
             let low = _mm512_add_ps(_mm512_sub_ps(big, t[i]), small);
             _mm512_add_ps(low, _mm512_add_ps(al[i], bl[i]))
@@ -740,7 +745,7 @@ mod x86 {
                 _mm512_mul_ps(t, c(kfuse_math::LOG2_E_F32)),
             )
         });
-        let r = each(&|i| {
+        let r = each::<B>(|i| {
             let r = _mm512_fnmadd_ps(k[i], c(kfuse_math::LN2_HI_F32), t[i]);
             let r = _mm512_fnmadd_ps(k[i], c(kfuse_math::LN2_LO_F32), r);
             _mm512_add_ps(r, tl[i])
@@ -748,9 +753,9 @@ mod x86 {
         let [c0, rest @ ..] = kfuse_math::EXP_POLY_F32;
         let mut p = [c(c0); B];
         for coeff in rest {
-            p = each(&|i| _mm512_fmadd_ps(p[i], r[i], c(coeff)));
+            p = each::<B>(|i| _mm512_fmadd_ps(p[i], r[i], c(coeff)));
         }
-        each(&|i| {
+        each::<B>(|i| {
             let y = _mm512_add_ps(
                 _mm512_fmadd_ps(_mm512_mul_ps(r[i], r[i]), p[i], r[i]),
                 c(1.0),
