@@ -457,17 +457,17 @@ fn pass_body(
     staged: &[Option<Staged>],
     indent: &str,
 ) -> Result<String, Unsupported> {
-    pass_body_packed(kernel, passes, p, staged, &[], indent)
+    pass_body_packed(kernel, passes, p, staged, (&[], ""), indent)
 }
 
 /// [`pass_body`], with the loads `packed` (of a tiled kernel, see [`Packed`]) read from their
-/// tile buffers.
+/// tile buffers, at the tile row `row` (a C expression).
 fn pass_body_packed(
     kernel: &Kernel,
     passes: &Passes,
     p: usize,
     staged: &[Option<Staged>],
-    packed: &[Packed],
+    (packed, row): (&[Packed], &str),
     indent: &str,
 ) -> Result<String, Unsupported> {
     let mut body = String::new();
@@ -475,7 +475,7 @@ fn pass_body_packed(
         if passes.compute[p][k] && packed.iter().any(|pk| pk.load == k) {
             writeln!(
                 body,
-                "{indent}float v{k} = tbuf{k}[(o - ob) * {TILE_J} + (j - jt)];"
+                "{indent}float v{k} = tbuf{k}[{row} * {TILE_J} + (j - jt)];"
             )
             .unwrap();
             continue;
@@ -730,6 +730,200 @@ fn row_prefetches(kernel: &Kernel, levels: &[Level], tj: usize) -> String {
     s
 }
 
+/// An index value as an exact affine function of the loop coordinates: `constant + Σ coef[k] ·
+/// c[k]`, the coordinates being the outer axes' indices, then the inner axes'.
+#[derive(Clone, Debug, PartialEq)]
+struct Affine {
+    constant: i64,
+    coef: Vec<i64>,
+}
+
+impl Affine {
+    fn constant(value: i64, coords: usize) -> Affine {
+        Affine {
+            constant: value,
+            coef: vec![0; coords],
+        }
+    }
+
+    fn is_constant(&self) -> bool {
+        self.coef.iter().all(|&c| c == 0)
+    }
+
+    fn combine(&self, other: &Affine, f: impl Fn(i64, i64) -> Option<i64>) -> Option<Affine> {
+        Some(Affine {
+            constant: f(self.constant, other.constant)?,
+            coef: (self.coef.iter().zip(&other.coef))
+                .map(|(&a, &b)| f(a, b))
+                .collect::<Option<_>>()?,
+        })
+    }
+
+    fn scale(&self, k: i64) -> Option<Affine> {
+        Some(Affine {
+            constant: self.constant.checked_mul(k)?,
+            coef: (self.coef.iter())
+                .map(|&a| a.checked_mul(k))
+                .collect::<Option<_>>()?,
+        })
+    }
+}
+
+/// Each index instruction of `kernel` as an exact affine function of the loop coordinates
+/// ([`Affine`]), where it is one over their whole ranges: the outer and inner indices are the
+/// flattened coordinates, and a division or remainder by a positive constant qualifies where
+/// the value is never negative and the terms the divisor does not divide stay within
+/// `[0, divisor)` (so the lowering's `(o / 112) % 64` is the coordinate it extracts). The first
+/// outer axis (the batch) is unbounded above: its size is a run-time argument.
+fn affine_forms(kernel: &Kernel) -> Vec<Option<Affine>> {
+    let dims: Vec<usize> = kernel.outer.iter().chain(&kernel.inner).copied().collect();
+    let n = dims.len();
+    let outer = kernel.outer.len();
+    let flat = |range: std::ops::Range<usize>| {
+        let mut coef = vec![0i64; n];
+        let mut step = 1i64;
+        for k in range.rev() {
+            coef[k] = step;
+            step = step.checked_mul(dims[k] as i64)?;
+        }
+        Some(Affine { constant: 0, coef })
+    };
+    // The least and greatest value of a form; None where unbounded (or past i64).
+    let bounds = |f: &Affine| -> (Option<i64>, Option<i64>) {
+        let (mut lo, mut hi) = (Some(f.constant), Some(f.constant));
+        for (k, &c) in f.coef.iter().enumerate() {
+            if c == 0 {
+                continue;
+            }
+            if k == 0 && outer > 0 {
+                if c > 0 {
+                    hi = None;
+                } else {
+                    lo = None;
+                }
+                continue;
+            }
+            let span = c.checked_mul(dims[k].saturating_sub(1) as i64);
+            let (a, b) = match span {
+                Some(t) => (t.min(0), t.max(0)),
+                None => return (None, None),
+            };
+            lo = lo.and_then(|l| l.checked_add(a));
+            hi = hi.and_then(|h| h.checked_add(b));
+        }
+        (lo, hi)
+    };
+    // x / q and x % q, where both are exactly affine.
+    let divide = |x: &Affine, q: i64| -> Option<(Affine, Affine)> {
+        if q <= 0 || bounds(x).0? < 0 {
+            return None;
+        }
+        let mut quotient = Affine::constant(x.constant.div_euclid(q), n);
+        let mut rest = Affine::constant(x.constant.rem_euclid(q), n);
+        for (k, &c) in x.coef.iter().enumerate() {
+            if c % q == 0 {
+                quotient.coef[k] = c / q;
+            } else {
+                rest.coef[k] = c;
+            }
+        }
+        let (lo, hi) = bounds(&rest);
+        (lo? >= 0 && hi? < q).then_some((quotient, rest))
+    };
+    let mut forms: Vec<Option<Affine>> = Vec::with_capacity(kernel.insts.len());
+    for inst in &kernel.insts {
+        let form = match inst.kind {
+            InstKind::OuterIndex => flat(0..outer),
+            InstKind::InnerIndex => flat(outer..n),
+            InstKind::Const(bits) if inst.dtype == DType::I64 => {
+                Some(Affine::constant(bits as i64, n))
+            }
+            InstKind::Index(op, a, b) => match (&forms[a.index()], &forms[b.index()]) {
+                (Some(x), Some(y)) => match op {
+                    IndexOp::Add => x.combine(y, i64::checked_add),
+                    IndexOp::Sub => x.combine(y, i64::checked_sub),
+                    IndexOp::Mul if y.is_constant() => x.scale(y.constant),
+                    IndexOp::Mul if x.is_constant() => y.scale(x.constant),
+                    IndexOp::Div if y.is_constant() => divide(x, y.constant).map(|(q, _)| q),
+                    IndexOp::Rem if y.is_constant() => divide(x, y.constant).map(|(_, r)| r),
+                    _ => None,
+                },
+                _ => None,
+            },
+            _ => None,
+        };
+        forms.push(form);
+    }
+    forms
+}
+
+/// The rows of a tiled kernel's tiles, where they step one outer axis `a` (not the first): a
+/// tile is up to [`TILE_O`] indices of that axis at one index of the axes after it, `stride`
+/// outer iterations apart, by [`TILE_J`] inner iterations.
+///
+/// Otherwise a tile is [`TILE_O`] consecutive outer iterations, which step the last outer axis.
+/// A permuted operand read across the inner index may be contiguous along another one: NHWC
+/// to NCHW, `y[n][c][h][w] = x[n][h][w][c]`, runs over outer `[n, c, h]` and inner `w`, and
+/// `x` is contiguous along `c`; tiles of 16 consecutive `h` read each of their 512 lines for
+/// one float (25.7 MB at 2.8 GB/s). Tiles along `c` transpose 16 × 16 blocks of `x` in
+/// registers into tile buffers, as [`Packed`] loads are.
+struct RowAxis {
+    /// Outer iterations between consecutive rows: the product of the outer axes after `a`.
+    stride: usize,
+    /// The size of axis `a`.
+    rows: usize,
+    /// The loads transposed into tile buffers (`base` at the tile's first row,
+    /// `ob + rb * stride + lo`, and at `jt`).
+    packed: Vec<Packed>,
+}
+
+/// The row axis of a tiled kernel (see [`RowAxis`]): the first outer axis but the first along
+/// which a strided f32 load's offset moves by exactly one element, for a kernel with one inner
+/// axis whose strided loads' offsets are exactly affine ([`affine_forms`]). Only the loads that
+/// move by one along it are transposed; others read their lines directly in the tile.
+fn row_axis(kernel: &Kernel, levels: &[Level]) -> Option<RowAxis> {
+    let outer = kernel.outer.len();
+    if outer < 2 || kernel.inner.len() != 1 || kernel.outer.contains(&0) {
+        return None;
+    }
+    let forms = affine_forms(kernel);
+    let strided: Vec<(usize, u32, InstId, &Affine)> = kernel
+        .insts
+        .iter()
+        .enumerate()
+        .filter_map(|(k, inst)| match inst.kind {
+            InstKind::Load { arg, offset }
+                if levels[k] == Level::Inner && inst.dtype == DType::F32 =>
+            {
+                let f = forms[offset.index()].as_ref()?;
+                (f.coef[outer] >= 16).then_some((k, arg, offset, f))
+            }
+            _ => None,
+        })
+        .collect();
+    let a = (1..outer).find(|&a| strided.iter().any(|(_, _, _, f)| f.coef[a] == 1))?;
+    let stride: usize = kernel.outer[a + 1..].iter().product();
+    let first_row = format!("(ob + rb * {stride} + lo)");
+    let packed = strided
+        .iter()
+        .filter(|(_, _, _, f)| f.coef[a] == 1)
+        .map(|&(load, arg, offset, f)| {
+            Some(Packed {
+                load,
+                arg,
+                stride: f.coef[outer],
+                base: vector::index_expr(kernel, offset, &first_row, "jt")?,
+                at: vector::index_expr(kernel, offset, "oo", "jj")?,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(RowAxis {
+        stride,
+        rows: kernel.outer[a],
+        packed,
+    })
+}
+
 /// A strided f32 load of a tiled kernel whose tiles are transposed into a buffer first
 /// (`kf_transpose16`, 16 × 16 blocks in registers), so that the tile's rows read it along the
 /// inner index like any other operand: its offset is `base + stride * j + o` (the outer index
@@ -779,12 +973,15 @@ pub fn tile_shape(kernel: &Kernel) -> Option<[usize; 2]> {
     let passes = plan_passes(kernel, &levels, &roots);
     let vector = !inner_stores.is_empty() && vector_pass(kernel, &passes, roots.len() - 1).is_ok();
     let tj = tiles(kernel, &levels, roots.len(), vector)?;
+    if !packed_loads(kernel, &levels).is_empty() {
+        return Some([TILE_O, TILE_J]);
+    }
     Some([
         TILE_O,
-        if packed_loads(kernel, &levels).is_empty() {
-            tj
-        } else {
+        if row_axis(kernel, &levels).is_some() {
             TILE_J
+        } else {
+            tj
         },
     ])
 }
@@ -918,6 +1115,15 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
     } else {
         tiled.map(|_| TILE_J)
     };
+    // Tiles whose rows step another outer axis (none where a load is packed along the last).
+    let row_axis = tiled
+        .filter(|_| packed.is_empty())
+        .and_then(|_| row_axis(kernel, &levels));
+    let tiled = if row_axis.is_some() {
+        Some(TILE_J)
+    } else {
+        tiled
+    };
     let (j_lo, j_hi) = if let Some(tj) = tiled {
         for pk in &packed {
             writeln!(
@@ -928,16 +1134,49 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
             )
             .unwrap();
         }
-        writeln!(s, "    for (int64_t ob = o_lo; ob < o_hi; ob += {TILE_O}) {{\n    int64_t oe = ob + {TILE_O} < o_hi ? ob + {TILE_O} : o_hi;").unwrap();
-        writeln!(s, "    for (int64_t jt = j_lo; jt < j_hi; jt += {tj}) {{\n    int64_t jte = jt + {tj} < j_hi ? jt + {tj} : j_hi;").unwrap();
-        for pk in &packed {
-            let (k, arg, stride) = (pk.load, pk.arg, pk.stride);
-            // The next tile's lines of the strided operand are requested now: each is one line
-            // of a different row, which no hardware prefetcher predicts.
-            writeln!(s, "    if (oe - ob == {TILE_O} && jte - jt == {TILE_J}) {{\n        for (int64_t r = {TILE_J}; r < {}; r++)\n            KF_PREFETCH(a{arg}, {} + r * ((int64_t){stride}ll), 0, 3);\n        for (int64_t jb = 0; jb < {TILE_J}; jb += 16)\n            kf_transpose16(a{arg} + {} + jb * ((int64_t){stride}ll), {stride}, tbuf{k} + jb, {TILE_J});\n    }} else {{", 2 * TILE_J, pk.base, pk.base).unwrap();
-            writeln!(s, "        for (int64_t jj = jt; jj < jte; jj++)\n            for (int64_t oo = ob; oo < oe; oo++)\n                tbuf{k}[(oo - ob) * {TILE_J} + (jj - jt)] = a{arg}[{}];\n    }}", pk.at).unwrap();
+        if let Some(RowAxis {
+            stride,
+            rows,
+            packed: row_packed,
+        }) = &row_axis
+        {
+            // Blocks of the axes before the row axis, each index of the axes after it, the
+            // tiles of inner iterations, and blocks of rows in each; outer indices outside the
+            // range are skipped.
+            let block = stride * rows;
+            for pk in row_packed {
+                writeln!(
+                    s,
+                    "    float tbuf{}[{}] __attribute__((aligned(64)));",
+                    pk.load,
+                    TILE_O * TILE_J
+                )
+                .unwrap();
+            }
+            writeln!(s, "    for (int64_t ob = o_lo - o_lo % {block}; ob < o_hi; ob += {block})\n    for (int64_t lo = 0; lo < {stride}; lo++)").unwrap();
+            writeln!(s, "    for (int64_t jt = j_lo; jt < j_hi; jt += {tj}) {{\n    int64_t jte = jt + {tj} < j_hi ? jt + {tj} : j_hi;").unwrap();
+            writeln!(s, "    for (int64_t rb = 0; rb < {rows}; rb += {TILE_O}) {{\n    int64_t re = rb + {TILE_O} < {rows} ? rb + {TILE_O} : {rows};").unwrap();
+            if !row_packed.is_empty() {
+                writeln!(s, "    int whole = re - rb == {TILE_O} && (jte - jt) % 16 == 0 && ob + rb * {stride} + lo >= o_lo && ob + (re - 1) * {stride} + lo < o_hi;").unwrap();
+            }
+            for pk in row_packed {
+                let (k, arg, pstride) = (pk.load, pk.arg, pk.stride);
+                writeln!(s, "    if (whole) {{\n        for (int64_t jb = 0; jb < jte - jt; jb += 16)\n            kf_transpose16(a{arg} + {} + jb * ((int64_t){pstride}ll), {pstride}, tbuf{k} + jb, {TILE_J});\n    }} else {{", pk.base).unwrap();
+                writeln!(s, "        for (int64_t jj = jt; jj < jte; jj++)\n            for (int64_t rr = rb; rr < re; rr++) {{\n                int64_t oo = ob + rr * {stride} + lo;\n                if (oo >= o_lo && oo < o_hi) tbuf{k}[(rr - rb) * {TILE_J} + (jj - jt)] = a{arg}[{}];\n            }}\n    }}", pk.at).unwrap();
+            }
+            writeln!(s, "    for (int64_t r = rb; r < re; r++) {{\n        int64_t o = ob + r * {stride} + lo;\n        if (o < o_lo || o >= o_hi) continue;").unwrap();
+        } else {
+            writeln!(s, "    for (int64_t ob = o_lo; ob < o_hi; ob += {TILE_O}) {{\n    int64_t oe = ob + {TILE_O} < o_hi ? ob + {TILE_O} : o_hi;").unwrap();
+            writeln!(s, "    for (int64_t jt = j_lo; jt < j_hi; jt += {tj}) {{\n    int64_t jte = jt + {tj} < j_hi ? jt + {tj} : j_hi;").unwrap();
+            for pk in &packed {
+                let (k, arg, stride) = (pk.load, pk.arg, pk.stride);
+                // The next tile's lines of the strided operand are requested now: each is one line
+                // of a different row, which no hardware prefetcher predicts.
+                writeln!(s, "    if (oe - ob == {TILE_O} && jte - jt == {TILE_J}) {{\n        for (int64_t r = {TILE_J}; r < {}; r++)\n            KF_PREFETCH(a{arg}, {} + r * ((int64_t){stride}ll), 0, 3);\n        for (int64_t jb = 0; jb < {TILE_J}; jb += 16)\n            kf_transpose16(a{arg} + {} + jb * ((int64_t){stride}ll), {stride}, tbuf{k} + jb, {TILE_J});\n    }} else {{", 2 * TILE_J, pk.base, pk.base).unwrap();
+                writeln!(s, "        for (int64_t jj = jt; jj < jte; jj++)\n            for (int64_t oo = ob; oo < oe; oo++)\n                tbuf{k}[(oo - ob) * {TILE_J} + (jj - jt)] = a{arg}[{}];\n    }}", pk.at).unwrap();
+            }
+            s.push_str("    for (int64_t o = ob; o < oe; o++) {\n");
         }
-        s.push_str("    for (int64_t o = ob; o < oe; o++) {\n");
         ("jt", "jte")
     } else {
         s.push_str("    for (int64_t o = o_lo; o < o_hi; o++) {\n");
@@ -1077,7 +1316,18 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         let ahead = final_pass == 0 && tiled.is_none();
         // The scalar body sits one level deeper inside the vector form's block.
         let body_indent = format!("{indent}{}", if vp.is_some() { "        " } else { "    " });
-        let body = pass_body_packed(kernel, &passes, final_pass, &staged, &packed, &body_indent)?;
+        let (packed, row) = match &row_axis {
+            Some(r) => (&r.packed, "(r - rb)"),
+            None => (&packed, "(o - ob)"),
+        };
+        let body = pass_body_packed(
+            kernel,
+            &passes,
+            final_pass,
+            &staged,
+            (packed, row),
+            &body_indent,
+        )?;
         if let Some(tj) = tiled {
             // The next tile's lines of every contiguous operand and output of this row: 16
             // rows advancing a few lines per tile are more streams than the hardware
@@ -1135,4 +1385,65 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
     }
     s.push_str("}\n");
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn coefficients(text: &str) -> Vec<Option<Vec<i64>>> {
+        let kernel = kfuse_kernel::text::parse_kernel(text).unwrap();
+        affine_forms(&kernel)
+            .into_iter()
+            .map(|f| f.map(|f| [vec![f.constant], f.coef].concat()))
+            .collect()
+    }
+
+    /// `affine_forms` recovers the coordinates the lowering's divisions and remainders extract
+    /// (as `[constant, outer coefficients…, inner]`), and declines where a remainder wraps or a
+    /// quotient's dropped terms reach the divisor: there the tiles would read the wrong rows.
+    #[test]
+    fn affine_forms_are_exact_or_absent() {
+        let forms = coefficients(
+            "kernel k0 outer=[4, 5] inner=[70]
+arg 0 : f32[4, 5, 70] read
+%0 = inner_index() : i64
+%1 = outer_index() : i64
+%2 = const() value=5 : i64
+%3 = idiv(%1, %2) : i64
+%4 = irem(%1, %2) : i64
+%5 = const() value=3 : i64
+%6 = irem(%1, %5) : i64
+%7 = iadd(%4, %0) : i64
+%8 = const() value=70 : i64
+%9 = idiv(%7, %8) : i64
+%10 = imul(%4, %8) : i64
+%11 = iadd(%10, %0) : i64
+%12 = idiv(%11, %8) : i64
+%13 = irem(%11, %8) : i64
+%14 = isub(%0, %8) : i64
+%15 = idiv(%14, %8) : i64
+%16 = imin(%0, %4) : i64
+%17 = load(%0) arg=0 : f32
+",
+        );
+        let some = |v: &[i64]| Some(v.to_vec());
+        assert_eq!(forms[0], some(&[0, 0, 0, 1]));
+        assert_eq!(forms[1], some(&[0, 5, 1, 0]));
+        // o / 5 and o % 5: the two outer coordinates.
+        assert_eq!(forms[3], some(&[0, 1, 0, 0]));
+        assert_eq!(forms[4], some(&[0, 0, 1, 0]));
+        // o % 3 wraps within a row of the first axis.
+        assert_eq!(forms[6], None);
+        // (c1 + j) / 70 reaches 1 at c1 + j = 70: not affine.
+        assert_eq!(forms[9], None);
+        // (70 c1 + j) / 70 and % 70 give back c1 and j.
+        assert_eq!(forms[12], some(&[0, 0, 1, 0]));
+        assert_eq!(forms[13], some(&[0, 0, 0, 1]));
+        // A negative dividend truncates in C: declined.
+        assert_eq!(forms[14], some(&[-70, 0, 0, 1]));
+        assert_eq!(forms[15], None);
+        assert_eq!(forms[16], None);
+        assert_eq!(forms[17], None);
+    }
 }

@@ -1148,6 +1148,65 @@ output \"z\" = %z
     );
 }
 
+/// Permutes whose strided operand is contiguous along an outer axis other than the one the
+/// outer index steps (NHWC to NCHW and back, a batched transpose, a 5-D permute, two operands
+/// permuted differently) run in tiles along that axis, transposed in registers (`c.rs`,
+/// `RowAxis`): bit-exact with edge values, at sizes that leave partial blocks of rows and of
+/// inner iterations, and large enough that the threads split the outer range mid-block.
+#[test]
+fn permutes_tiled_along_another_axis_stay_bit_exact() {
+    let programs = [
+        // NHWC to NCHW, fused with work: outer [n, c, h], contiguous along c (40 = 16 + 16 + 8).
+        "%x = input() name=\"x\" : f32[5, 45, 67, 40]
+%y = input() name=\"y\" : f32[5, 40, 45, 67]
+%t = permute(%x) perm=[0, 3, 1, 2]
+%e = exp(%t)
+%z = mul(%e, %y)
+output \"z\" = %z
+",
+        // NCHW to NHWC: contiguous along w (35 = 16 + 16 + 3), the last outer axis.
+        "%x = input() name=\"x\" : f32[3, 64, 33, 35]
+%t = permute(%x) perm=[0, 2, 3, 1]
+%z = neg(%t)
+output \"z\" = %z
+",
+        // A batched transpose (attention's K^T) of 48-wide rows: whole blocks only.
+        "%x = input() name=\"x\" : f32[2, 3, 70, 48]
+%t = permute(%x) perm=[0, 1, 3, 2]
+output \"t\" = %t
+",
+        // 5-D, contiguous along the second outer axis (18 = 16 + 2).
+        "%x = input() name=\"x\" : f32[2, 9, 20, 70, 18]
+%t = permute(%x) perm=[0, 4, 2, 1, 3]
+%z = tanh(%t)
+output \"z\" = %z
+",
+        // Two operands, contiguous along different outer axes (c and h): the first is
+        // transposed, the second read directly. Output rows of 64 or more elements throughout,
+        // so that the kernels loop over rows (`kfuse_fusion::splits_rows`).
+        "%x = input() name=\"x\" : f32[4, 20, 70, 33]
+%w = input() name=\"w\" : f32[4, 33, 70, 20]
+%a = permute(%x) perm=[0, 3, 1, 2]
+%b = permute(%w) perm=[0, 1, 3, 2]
+%z = sub(%a, %b)
+output \"z\" = %z
+",
+    ];
+    for (k, text) in programs.iter().enumerate() {
+        let graph = parse_graph(text).unwrap();
+        let along = fused_kernels(&graph)
+            .iter()
+            .filter(|kernel| kfuse_cpu::c::render(kernel).unwrap().contains("rb +="))
+            .count();
+        assert_eq!(
+            along, 1,
+            "program {k} does not tile along its row axis:\n{text}"
+        );
+        let inputs = edgy_inputs(&graph, 300 + k as u64);
+        check_strict(&graph, &inputs, &format!("program {k}:\n{text}"));
+    }
+}
+
 /// Random permutes of random 2-D and 3-D shapes (rows from 1 to 130 wide, so that some kernels
 /// split rows and tile and others do not), fused with elementwise work and a second operand,
 /// f32 and f64: compiled results are bit-exact, whether the kernel tiles or not.
