@@ -877,8 +877,8 @@ struct RowAxis {
     packed: Vec<Packed>,
 }
 
-/// The row axis of a tiled kernel (see [`RowAxis`]): the first outer axis but the first along
-/// which a strided f32 load's offset moves by exactly one element, for a kernel with one inner
+/// The row axis of a tiled kernel (see [`RowAxis`]): the first outer axis after the batch axis
+/// along which a strided f32 load's offset moves by exactly one element, for a kernel with one inner
 /// axis whose strided loads' offsets are exactly affine ([`affine_forms`]). Only the loads that
 /// move by one along it are transposed; others read their lines directly in the tile.
 fn row_axis(kernel: &Kernel, levels: &[Level]) -> Option<RowAxis> {
