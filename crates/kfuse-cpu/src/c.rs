@@ -1124,8 +1124,10 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
     } else {
         tiled
     };
+    // The loads read from tile buffers, whichever way the tiles run.
+    let buffered: &[Packed] = row_axis.as_ref().map_or(&packed, |r| &r.packed);
     let (j_lo, j_hi) = if let Some(tj) = tiled {
-        for pk in &packed {
+        for pk in buffered {
             writeln!(
                 s,
                 "    float tbuf{}[{}] __attribute__((aligned(64)));",
@@ -1144,21 +1146,11 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
             // tiles of inner iterations, and blocks of rows in each; outer indices outside the
             // range are skipped.
             let block = stride * rows;
-            for pk in row_packed {
-                writeln!(
-                    s,
-                    "    float tbuf{}[{}] __attribute__((aligned(64)));",
-                    pk.load,
-                    TILE_O * TILE_J
-                )
-                .unwrap();
-            }
             writeln!(s, "    for (int64_t ob = o_lo - o_lo % {block}; ob < o_hi; ob += {block})\n    for (int64_t lo = 0; lo < {stride}; lo++)").unwrap();
             writeln!(s, "    for (int64_t jt = j_lo; jt < j_hi; jt += {tj}) {{\n    int64_t jte = jt + {tj} < j_hi ? jt + {tj} : j_hi;").unwrap();
             writeln!(s, "    for (int64_t rb = 0; rb < {rows}; rb += {TILE_O}) {{\n    int64_t re = rb + {TILE_O} < {rows} ? rb + {TILE_O} : {rows};").unwrap();
-            if !row_packed.is_empty() {
-                writeln!(s, "    int whole = re - rb == {TILE_O} && (jte - jt) % 16 == 0 && ob + rb * {stride} + lo >= o_lo && ob + (re - 1) * {stride} + lo < o_hi;").unwrap();
-            }
+            // A row axis is one some load moves along by one, so there is a buffered load.
+            writeln!(s, "    int whole = re - rb == {TILE_O} && (jte - jt) % 16 == 0 && ob + rb * {stride} + lo >= o_lo && ob + (re - 1) * {stride} + lo < o_hi;").unwrap();
             for pk in row_packed {
                 let (k, arg, pstride) = (pk.load, pk.arg, pk.stride);
                 writeln!(s, "    if (whole) {{\n        for (int64_t jb = 0; jb < jte - jt; jb += 16)\n            kf_transpose16(a{arg} + {} + jb * ((int64_t){pstride}ll), {pstride}, tbuf{k} + jb, {TILE_J});\n    }} else {{", pk.base).unwrap();
@@ -1316,16 +1308,17 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
         let ahead = final_pass == 0 && tiled.is_none();
         // The scalar body sits one level deeper inside the vector form's block.
         let body_indent = format!("{indent}{}", if vp.is_some() { "        " } else { "    " });
-        let (packed, row) = match &row_axis {
-            Some(r) => (&r.packed, "(r - rb)"),
-            None => (&packed, "(o - ob)"),
+        let row = if row_axis.is_some() {
+            "(r - rb)"
+        } else {
+            "(o - ob)"
         };
         let body = pass_body_packed(
             kernel,
             &passes,
             final_pass,
             &staged,
-            (packed, row),
+            (buffered, row),
             &body_indent,
         )?;
         if let Some(tj) = tiled {
