@@ -10,7 +10,7 @@ pub mod structured;
 
 pub use cost::{CostModel, FixedCostModel};
 pub use partition::{
-    partition, print_partition, splits_rows, FusePolicy, FusionDecision, Kernel, KernelKind,
-    Partition, MIN_ROW,
+    partition, print_partition, row_axes, splits_rows, FusePolicy, FusionDecision, Kernel,
+    KernelKind, Partition, MIN_ROW,
 };
 pub use structured::{Activation, Bounds, Chain, StructuredGroup};

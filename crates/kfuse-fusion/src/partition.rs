@@ -699,16 +699,36 @@ fn merge(graph: &Graph, mut kernels: Vec<Kernel>) -> Vec<Kernel> {
 }
 
 /// Pointwise kernels over rank >= 2 domains with rows of at least this many elements are lowered
-/// as loops over rows with the last axis inside: loads stay contiguous in the inner loop, a
+/// as loops over rows with the row's axes inside: loads stay contiguous in the inner loop, a
 /// broadcast along the leading axes (a bias) becomes a plain row load, and values constant along
-/// the last axis are computed once per row. Other pointwise kernels loop over the flattened
-/// domain.
+/// the row are computed once per row. A row is the last axis, or the last few where the last is
+/// shorter (an NCHW image's H and W: a per-channel bias is then constant along the row). Other
+/// pointwise kernels loop over the flattened domain.
 pub const MIN_ROW: usize = 64;
 
-/// Whether a kernel over `domain` reducing `reduce` is lowered as a loop over rows of its last
-/// axis (see [`MIN_ROW`]). Lowering follows this rule, and [`partition`] counts evaluations by it.
+/// How many trailing axes of `domain` form the row of a kernel reducing `reduce` (see
+/// [`MIN_ROW`]): the fewest whose elements number at least `MIN_ROW`, leaving one axis or more
+/// outside; 0 where the kernel loops over its flattened domain (or reduces). Lowering follows
+/// this rule, and [`partition`] counts evaluations by it.
+pub fn row_axes(domain: &Shape, reduce: &[usize]) -> usize {
+    let dims = domain.dims();
+    if !reduce.is_empty() || dims.len() < 2 {
+        return 0;
+    }
+    let mut len = 1usize;
+    for k in 1..dims.len() {
+        len = len.saturating_mul(dims[dims.len() - k]);
+        if len >= MIN_ROW {
+            return k;
+        }
+    }
+    0
+}
+
+/// Whether a kernel over `domain` reducing `reduce` is lowered as a loop over rows
+/// ([`row_axes`]).
 pub fn splits_rows(domain: &Shape, reduce: &[usize]) -> bool {
-    reduce.is_empty() && domain.rank() >= 2 && domain.dims().last().is_some_and(|&d| d >= MIN_ROW)
+    row_axes(domain, reduce) > 0
 }
 
 /// Whether inline node `id` is constant along the inner loop of `kernel` (the reduced axes, or
@@ -757,7 +777,7 @@ fn evaluations(graph: &Graph, id: NodeId, kernel: &Kernel) -> f64 {
     let inner: Vec<usize> = if !reduce.is_empty() {
         reduce.clone()
     } else if splits_rows(domain, reduce) {
-        vec![domain.rank() - 1]
+        (domain.rank() - row_axes(domain, reduce)..domain.rank()).collect()
     } else {
         vec![]
     };

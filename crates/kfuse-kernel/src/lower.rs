@@ -323,9 +323,14 @@ impl<'a> Builder<'a> {
         kfuse_fusion::splits_rows(&self.domain, &self.reduce)
     }
 
+    /// The number of trailing domain axes a row spans ([`kfuse_fusion::row_axes`]).
+    fn row_axes(&self) -> usize {
+        kfuse_fusion::row_axes(&self.domain, &self.reduce)
+    }
+
     fn outer_dims(&self) -> Vec<usize> {
         if self.split_rows() {
-            self.domain.dims()[..self.domain.rank() - 1].to_vec()
+            self.domain.dims()[..self.domain.rank() - self.row_axes()].to_vec()
         } else if self.reduce.is_empty() {
             vec![]
         } else {
@@ -338,7 +343,10 @@ impl<'a> Builder<'a> {
 
     fn inner_dims(&self) -> Vec<usize> {
         if self.split_rows() {
-            vec![self.domain.dims()[self.domain.rank() - 1]]
+            let rank = self.domain.rank();
+            vec![self.domain.dims()[rank - self.row_axes()..]
+                .iter()
+                .product()]
         } else if self.reduce.is_empty() {
             vec![self.domain.n_elems()]
         } else {
@@ -417,9 +425,10 @@ impl<'a> Builder<'a> {
         if self.split_rows() {
             let o = self.inst(InstKind::OuterIndex, DType::I64);
             let outer = self.outer_dims();
-            let row = self.int(*self.domain.dims().last().expect("rank >= 2") as i64);
+            let row_dims = self.domain.dims()[outer.len()..].to_vec();
+            let row = self.int(row_dims.iter().product::<usize>() as i64);
             let mut coords = self.unflatten(o, &outer);
-            coords.push(j);
+            coords.extend(self.unflatten(j, &row_dims));
             let start = self.iop(IndexOp::Mul, o, row);
             let flat = self.iop(IndexOp::Add, start, j);
             return Index {
@@ -487,16 +496,54 @@ impl<'a> Builder<'a> {
             .clone()
             .expect("an index has coordinates or a flat offset");
         let strides = idx.shape.strides();
-        let mut acc = self.int(0);
+        // Terms (coordinate, stride), adjacent coordinates that split one index recombined.
+        let mut terms: Vec<(InstId, usize)> = Vec::new();
         for (k, &c) in coords.iter().enumerate() {
             if idx.shape.dims()[k] == 1 {
                 continue;
             }
-            let s = self.int(strides[k] as i64);
+            terms.push((c, strides[k]));
+            while terms.len() >= 2 {
+                let (y, sy) = terms[terms.len() - 1];
+                let (x, sx) = terms[terms.len() - 2];
+                let Some(joined) = self.recombine(x, sx, y, sy) else {
+                    break;
+                };
+                terms.truncate(terms.len() - 2);
+                terms.push((joined, sy));
+            }
+        }
+        let mut acc = self.int(0);
+        for (c, stride) in terms {
+            let s = self.int(stride as i64);
             let term = self.iop(IndexOp::Mul, c, s);
             acc = self.iop(IndexOp::Add, acc, term);
         }
         acc
+    }
+
+    /// `x * sx + y * sy` as one coordinate times `sy`, where `x` and `y` are the two halves of
+    /// splitting an index `a` by `q = sx / sy`: `(a / q) * q + a % q == a`, and
+    /// `((a / q) % m) * q + a % q == a % (q * m)` (indices are never negative). A row of an
+    /// NCHW image's H and W, unflattened to read a permuted operand, reads it at `j * C`.
+    fn recombine(&mut self, x: InstId, sx: usize, y: InstId, sy: usize) -> Option<InstId> {
+        let split = |this: &Self, id: InstId, op: IndexOp| match this.insts[id.index()].kind {
+            InstKind::Index(o, a, b) if o == op => Some((a, this.const_of(b)?)),
+            _ => None,
+        };
+        let (a, q) = split(self, y, IndexOp::Rem)?;
+        if q <= 0 || sy == 0 || sx != q as usize * sy {
+            return None;
+        }
+        if split(self, x, IndexOp::Div) == Some((a, q)) {
+            return Some(a);
+        }
+        let (inner, m) = split(self, x, IndexOp::Rem)?;
+        if split(self, inner, IndexOp::Div) != Some((a, q)) {
+            return None;
+        }
+        let qm = self.int(q.checked_mul(m)?);
+        Some(self.iop(IndexOp::Rem, a, qm))
     }
 
     fn at(shape: &Shape, coords: Vec<InstId>) -> Index {
