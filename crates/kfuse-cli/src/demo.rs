@@ -172,7 +172,8 @@ pub fn demo(output_dir: Option<&Path>) -> Result<()> {
             FusePolicy::Cost,
             &FixedCostModel::default(),
             false,
-            None
+            None,
+            false
         )?
     );
 

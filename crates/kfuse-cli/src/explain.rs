@@ -176,10 +176,15 @@ pub fn explain(
     cost: &FixedCostModel,
     as_json: bool,
     dump: Option<&Path>,
+    keep_layouts: bool,
 ) -> Result<String> {
     let cost = cost.clone();
     // The graph passes of the default (fast) numerics, as `kfuse run` applies them.
-    let (optimized, trail) = kfuse::opt::Pipeline::fast().run(input)?;
+    let pipeline = match keep_layouts {
+        true => kfuse::opt::Pipeline::fast().without("conv-layout"),
+        false => kfuse::opt::Pipeline::fast(),
+    };
+    let (optimized, trail) = pipeline.run(input)?;
     let graph = &optimized;
     let passes: Vec<(String, Vec<String>)> = trail
         .iter()

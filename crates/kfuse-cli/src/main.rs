@@ -53,6 +53,10 @@ struct EngineArgs {
     /// step's time and traffic.
     #[arg(long, value_name = "FILE")]
     profile: Option<PathBuf>,
+    /// Run convolutions and poolings in the layout the program gives them, where the fast
+    /// numerics' layout assignment would run NHWC ones in NCHW.
+    #[arg(long)]
+    keep_layouts: bool,
 }
 
 impl EngineArgs {
@@ -69,6 +73,7 @@ impl EngineArgs {
             } else {
                 kfuse::Backend::Auto
             },
+            keep_layouts: self.keep_layouts,
             ..kfuse::Options::default()
         }
     }
@@ -143,6 +148,9 @@ enum Command {
         /// compiler's report of which loops it vectorized into DIR.
         #[arg(long, value_name = "DIR")]
         dump: Option<PathBuf>,
+        /// Keep convolutions and poolings in the program's layouts (as `run --keep-layouts`).
+        #[arg(long)]
+        keep_layouts: bool,
     },
     /// Verify a .kf program and print it with inferred types.
     Check {
@@ -190,12 +198,13 @@ fn main() -> ExitCode {
             json,
             cost_model,
             dump,
+            keep_layouts,
         } => load_program(&program).and_then(|g| {
             let policy = kfuse::FusePolicy::from_name(&fuse).expect("clap checked the policy");
             let cost = cost_model_named(&cost_model);
             print!(
                 "{}",
-                explain::explain(&g, policy, &cost, json, dump.as_deref())?
+                explain::explain(&g, policy, &cost, json, dump.as_deref(), keep_layouts)?
             );
             Ok(())
         }),

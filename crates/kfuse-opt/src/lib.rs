@@ -10,18 +10,23 @@
 //!   add. This rounds differently from the original, so it belongs to fast numerics only;
 //! - [`MergeDots`]: matmuls sharing their left operand, with constant weights, become one
 //!   matmul over the concatenated weights (fast numerics: the wider GEMM blocks differently);
+//! - [`ConvLayout`]: NHWC convolutions and poolings, with the elementwise ops between them,
+//!   take their NCHW form where the layout changes at the region's edges cost less than the
+//!   NCHW routines save (fast numerics: the compiled convolutions sum in another order);
 //! - [`DeadCode`]: nodes no output depends on are dropped.
 //!
 //! [`freeze`] turns named inputs into constants (model weights known at compile time), which
 //! is what lets the folding passes see them.
 
 mod fold_affine;
+mod layout;
 mod merge_dots;
 mod rewrite;
 
 use kfuse_ir::{Array, Graph, IrError, Op};
 
 pub use fold_affine::FoldAffine;
+pub use layout::{nhwc_slowdown, ConvLayout};
 pub use merge_dots::MergeDots;
 
 /// Errors from passes: a rewrite produced an ill-typed graph (a bug), or a request was bad.
@@ -68,14 +73,22 @@ impl Pipeline {
 
     /// The passes for fast numerics: constant folding, then affine folding into convolutions
     /// and matmuls (after constant folding has computed `sqrt(var + eps)` and the like), dot
-    /// merging, then dead code.
+    /// merging, layout assignment (after the folding, so folded biases move with the
+    /// convolutions), then dead code.
     pub fn fast() -> Pipeline {
         Pipeline::new(vec![
             Box::new(ConstantFold::default()),
             Box::new(FoldAffine),
             Box::new(MergeDots),
+            Box::new(ConvLayout::default()),
             Box::new(DeadCode),
         ])
+    }
+
+    /// This pipeline without the pass named `name` (`conv-layout`, for instance).
+    pub fn without(mut self, name: &str) -> Pipeline {
+        self.passes.retain(|p| p.name() != name);
+        self
     }
 
     /// Runs every pass; returns the final graph and, per pass, its name, the graph after it (if

@@ -1,7 +1,7 @@
 //! Rebuilding a graph node by node: the one mechanism every pass uses to copy, replace and drop
 //! nodes.
 
-use kfuse_ir::{Graph, IrError, NodeId, Op, Value};
+use kfuse_ir::{Graph, IrError, NodeId, Op, TensorType, Value};
 
 use crate::OptError;
 
@@ -43,6 +43,11 @@ impl<'g> Rewriter<'g> {
     /// The op that now computes old value `v` (a constant, for instance, once folded).
     pub fn new_op(&self, v: Value) -> &Op {
         &self.out.node(self.moved(v).node).op
+    }
+
+    /// The type of new value `v`.
+    pub fn ty(&self, v: Value) -> &TensorType {
+        self.out.ty(v)
     }
 
     /// Adds a new node.

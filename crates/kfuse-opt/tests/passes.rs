@@ -1,5 +1,5 @@
 //! Passes tested text in, text out: each file in `tests/passes` starts with `# pass: NAME`
-//! (`constant-fold`, `fold-affine`, `dead-code`, or `fast` / `strict` for a whole pipeline); the
+//! (`constant-fold`, `fold-affine`, `merge-dots`, `conv-layout`, `dead-code`, or `fast` / `strict` for a whole pipeline); the
 //! expected graph and the passes' notes follow the marker. Re-bless with `KFUSE_BLESS=1`.
 //! Then folding is checked against the reference interpreter on random inputs.
 
@@ -8,7 +8,7 @@ use std::path::Path;
 use kfuse_interp::CustomOps;
 use kfuse_ir::text::{parse_graph, print_graph};
 use kfuse_ir::{Array, Graph};
-use kfuse_opt::{ConstantFold, DeadCode, FoldAffine, MergeDots, Pass, Pipeline};
+use kfuse_opt::{ConstantFold, ConvLayout, DeadCode, FoldAffine, MergeDots, Pass, Pipeline};
 use kfuse_testkit::Rng;
 
 fn pipeline_named(name: &str) -> Option<Pipeline> {
@@ -18,6 +18,7 @@ fn pipeline_named(name: &str) -> Option<Pipeline> {
         "fold-affine" => one(Box::new(FoldAffine)),
         "dead-code" => one(Box::new(DeadCode)),
         "merge-dots" => one(Box::new(MergeDots)),
+        "conv-layout" => one(Box::<ConvLayout>::default()),
         "fast" => Some(Pipeline::fast()),
         "strict" => Some(Pipeline::strict()),
         _ => None,
@@ -140,4 +141,59 @@ fn merged_dots_compute_the_same_values() {
     for i in 0..want[0].1.n_elems() {
         assert_eq!(want[0].1.get_bits(i), got[0].1.get_bits(i), "y[{i}]");
     }
+}
+
+#[test]
+fn layout_assignment_is_exact_on_random_nhwc_programs() {
+    // Every region changes layout: compute free, layout changes free.
+    let aggressive = ConvLayout {
+        flops_per_second: 1.0,
+        bytes_per_second: f64::INFINITY,
+    };
+    let mut rewritten = 0;
+    for seed in 0..200u64 {
+        let mut rng = Rng::new(seed);
+        let text = kfuse_testkit::random_nhwc_program(&mut rng, 7, 4);
+        let graph = parse_graph(&text).unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
+        let (out, trail) = Pipeline::new(vec![Box::new(aggressive.clone()), Box::new(DeadCode)])
+            .run(&graph)
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
+        out.verify().unwrap();
+        if trail[0].1.is_some() {
+            rewritten += 1;
+            assert!(
+                out.nodes().iter().all(|n| match &n.op {
+                    kfuse_ir::Op::Conv2d(a) =>
+                        a.layout == kfuse_ir::Layout::Nchw
+                            || graph.nodes().iter().any(|m| m.op == n.op),
+                    _ => true,
+                }),
+                "seed {seed}"
+            );
+        }
+        let inputs = if seed % 2 == 0 {
+            // Edge values: NaN, infinities, signed zeros, subnormals.
+            graph
+                .inputs()
+                .map(|(_, name, ty)| (name.to_string(), kfuse_testkit::random_array(&mut rng, ty)))
+                .collect()
+        } else {
+            random_inputs(&graph, seed)
+        };
+        let want = kfuse_interp::run(&graph, &inputs, &CustomOps::new()).unwrap();
+        let got = kfuse_interp::run(&out, &inputs, &CustomOps::new())
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", print_graph(&out)));
+        for ((name, a), (_, b)) in want.iter().zip(&got) {
+            assert_eq!(a.ty(), b.ty(), "seed {seed} {name}");
+            for i in 0..a.n_elems() {
+                assert_eq!(
+                    a.get_bits(i),
+                    b.get_bits(i),
+                    "seed {seed} {name}[{i}]\n{text}\n{}",
+                    print_graph(&out)
+                );
+            }
+        }
+    }
+    assert!(rewritten >= 80, "{rewritten} of 200 programs rewritten");
 }

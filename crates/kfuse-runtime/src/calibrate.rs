@@ -39,6 +39,7 @@ fn time_program(program: &str, n: usize, cache_dir: &Path, runs: usize) -> Resul
         backend: Backend::Auto,
         cache_dir: cache_dir.to_path_buf(),
         graph_passes: true,
+        keep_layouts: false,
     };
     let exe =
         compile_with(&graph, &options, &FixedCostModel::default()).map_err(|e| e.to_string())?;

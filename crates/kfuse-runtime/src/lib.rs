@@ -62,6 +62,10 @@ pub struct Options {
     /// Run the graph passes (`kfuse_opt`) before partitioning. Tests of code generation turn
     /// them off so that constant folding does not take work away from the kernels under test.
     pub graph_passes: bool,
+    /// Keep every convolution and pooling in the layout the program gives it: no layout
+    /// assignment (`kfuse_opt::ConvLayout`), which otherwise runs NHWC regions in NCHW where
+    /// that pays. Tests of the NHWC routines set it.
+    pub keep_layouts: bool,
 }
 
 impl Default for Options {
@@ -72,6 +76,7 @@ impl Default for Options {
             backend: Backend::Auto,
             cache_dir: kfuse_cpu::default_cache_dir(),
             graph_passes: true,
+            keep_layouts: false,
         }
     }
 }
@@ -140,6 +145,9 @@ pub fn compile_with(
     let pipeline = match options.numerics {
         _ if !options.graph_passes => kfuse_opt::Pipeline::new(Vec::new()),
         Numerics::Strict => kfuse_opt::Pipeline::strict(),
+        Numerics::Fast if options.keep_layouts => {
+            kfuse_opt::Pipeline::fast().without("conv-layout")
+        }
         Numerics::Fast => kfuse_opt::Pipeline::fast(),
     };
     let (optimized, trail) = pipeline

@@ -30,6 +30,7 @@ fn build_in(graph: &Graph, numerics: Numerics, dir: &std::path::Path) -> Executa
         backend: Backend::Auto,
         cache_dir: dir.to_path_buf(),
         graph_passes: false,
+        keep_layouts: false,
     };
     compile_with(graph, &options, &FixedCostModel::default()).expect("compiles")
 }
@@ -42,6 +43,7 @@ fn build_optimized(graph: &Graph, numerics: Numerics) -> Executable {
         backend: Backend::Auto,
         cache_dir: cache_dir(),
         graph_passes: true,
+        keep_layouts: false,
     };
     compile_with(graph, &options, &FixedCostModel::default()).expect("compiles")
 }
@@ -736,6 +738,7 @@ fn random_executables(
                 numerics: Numerics::Strict,
                 backend: Backend::Tile,
                 graph_passes: false,
+                keep_layouts: false,
                 ..Options::default()
             };
             let exe = compile_with(&graph, &options, &FixedCostModel::default()).unwrap();
@@ -1249,4 +1252,39 @@ output \"z\" = %z
         tiled >= 5,
         "only {tiled} of 40 random permutes ran in tiles"
     );
+}
+
+/// Random NHWC programs after the layout assignment (every region forced to NCHW), compiled in
+/// strict numerics: the layout changes at the regions' edges, composed with the programs' own
+/// permutes, the kernels' rows over several axes, and the tiled permutes (`RowAxis`) stay bit
+/// for bit with the reference interpreter, with edge values and without. (The rewrite itself is
+/// exact on the reference: `kfuse-opt`'s `layout_assignment_is_exact_on_random_nhwc_programs`.)
+#[test]
+fn nhwc_programs_in_nchw_stay_bit_exact() {
+    let every_region = kfuse_opt::ConvLayout {
+        flops_per_second: 1.0,
+        bytes_per_second: f64::INFINITY,
+    };
+    let mut rewritten = 0;
+    for seed in 0..16u64 {
+        let mut rng = Rng::new(700 + seed);
+        let text = kfuse_testkit::random_nhwc_program(&mut rng, 20, 16);
+        let graph = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let pipeline = kfuse_opt::Pipeline::new(vec![
+            Box::new(every_region.clone()),
+            Box::new(kfuse_opt::DeadCode),
+        ]);
+        let (nchw, trail) = pipeline.run(&graph).unwrap();
+        rewritten += usize::from(trail[0].1.is_some());
+        let inputs: Vec<(String, Array)> = if seed % 2 == 0 {
+            graph
+                .inputs()
+                .map(|(_, name, ty)| (name.to_string(), kfuse_testkit::random_array(&mut rng, ty)))
+                .collect()
+        } else {
+            kfuse_testkit::grid_inputs(&graph, seed, 2.0, 64)
+        };
+        check_strict(&nchw, &inputs, &format!("seed {seed}:\n{text}"));
+    }
+    assert!(rewritten >= 8, "{rewritten} of 16 programs rewritten");
 }

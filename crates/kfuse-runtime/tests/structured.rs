@@ -12,12 +12,20 @@ use kfuse_runtime::{compile_with, Backend, Executable, Options};
 use kfuse_testkit::Rng;
 
 fn build(graph: &Graph, numerics: Numerics) -> Executable {
+    build_with(graph, numerics, true)
+}
+
+/// [`build`], with the layout assignment (`keep_layouts: false`) or without.
+fn build_with(graph: &Graph, numerics: Numerics, keep_layouts: bool) -> Executable {
     let options = Options {
         policy: FusePolicy::Cost,
         numerics,
         backend: Backend::Auto,
         cache_dir: std::env::temp_dir().join(format!("kfuse-structured-{}", std::process::id())),
         graph_passes: true,
+        // `build` keeps the NHWC routines under test as written (`nhwc_regions_run_in_nchw`
+        // tests the layout assignment).
+        keep_layouts,
     };
     compile_with(graph, &options, &FixedCostModel::default()).expect("compiles")
 }
@@ -51,6 +59,17 @@ fn check_one_step(text: &str, seed: u64, terms: usize, what: &str) {
 /// against the reference within `2 terms eps sum|products|`, and strict bit for bit. Returns how
 /// many fast results differ from the reference in any bit (the fast path sums in another order).
 fn check(graph: &Graph, inputs: &[(String, Array)], terms: usize, what: &str) -> usize {
+    check_with(graph, inputs, terms, what, true)
+}
+
+/// [`check`], with the layout assignment in fast numerics (`keep_layouts: false`) or without.
+fn check_with(
+    graph: &Graph,
+    inputs: &[(String, Array)],
+    terms: usize,
+    what: &str,
+    keep_layouts: bool,
+) -> usize {
     let mut differing = 0;
     let want = kfuse_interp::run(graph, inputs, &CustomOps::new()).unwrap();
     // The magnitudes bound each sum's rounding. They are taken before sigmoid, tanh and clamp:
@@ -72,7 +91,7 @@ fn check(graph: &Graph, inputs: &[(String, Array)], terms: usize, what: &str) ->
         .collect();
     let unsquashed = parse_graph(&unsquashed).unwrap();
     let magnitude = kfuse_interp::run(&unsquashed, &abs_inputs(inputs), &CustomOps::new()).unwrap();
-    let (fast, _) = build(graph, Numerics::Fast)
+    let (fast, _) = build_with(graph, Numerics::Fast, keep_layouts)
         .run(inputs, &CustomOps::new())
         .unwrap();
     // The programs compute in their float inputs' dtype; an output of another dtype is a cast
@@ -735,6 +754,55 @@ fn structured_convolutions_match_the_reference() {
             &format!("structured program {k}:\n{text}"),
         );
     }
+}
+
+/// The NHWC structured programs with the layout assignment: each runs its structured kernel in
+/// NCHW where the pass finds it pays, the layout changing at its edges only (permute kernels),
+/// and stays within the fast bound of the reference.
+#[test]
+fn nhwc_regions_run_in_nchw() {
+    let mut changed = 0;
+    for (k, (text, terms)) in structured_programs().into_iter().enumerate() {
+        if !text.contains("layout=nhwc") {
+            continue;
+        }
+        let graph = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let exe = build_with(&graph, Numerics::Fast, false);
+        if exe
+            .passes
+            .iter()
+            .any(|p| p.starts_with("conv-layout: NCHW for"))
+        {
+            changed += 1;
+            let kernels = &exe.partition.kernels;
+            let structured = kernels
+                .iter()
+                .filter(|k| matches!(k.kind, kfuse_fusion::KernelKind::Structured(_)))
+                .count();
+            assert_eq!(structured, 1, "program {k}:\n{text}\n{:#?}", exe.passes);
+            for kernel in kernels {
+                let moves = kernel.nodes.iter().all(|&n| {
+                    matches!(
+                        exe.graph.node(n).op,
+                        kfuse_ir::Op::Permute { .. } | kfuse_ir::Op::Reshape { .. }
+                    )
+                });
+                assert!(
+                    moves || matches!(kernel.kind, kfuse_fusion::KernelKind::Structured(_)),
+                    "program {k}: a kernel other than the structured one and layout changes\n{text}"
+                );
+            }
+        }
+        let inputs = random_inputs(&graph, 3000 + k as u64);
+        check_with(
+            &graph,
+            &inputs,
+            terms,
+            &format!("program {k} in NCHW:\n{text}"),
+            false,
+        );
+    }
+    assert!(changed >= 2, "{changed} NHWC program(s) changed layout");
 }
 
 /// Two products of one input added (ResNet's down-sampling block: a strided 3×3 and a

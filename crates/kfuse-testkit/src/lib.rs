@@ -667,6 +667,154 @@ impl<'a> GraphGen<'a> {
     }
 }
 
+/// A random f32 NHWC program, as `.kf` text: convolutions (plain, strided, dilated, padded,
+/// depthwise, their weights inputs), poolings, elementwise ops with operands of every
+/// broadcast rank (constants and inputs), residual adds, and outputs read through reductions
+/// and permutes; images up to `side` pixels wide and high, up to `channels` channels. For
+/// tests of layout assignment.
+pub fn random_nhwc_program(rng: &mut Rng, side: usize, channels: usize) -> String {
+    let mut text = String::new();
+    let mut inputs = 0;
+    let mut input = |text: &mut String, dims: &[usize]| {
+        inputs += 1;
+        text.push_str(&format!(
+            "%i{inputs} = input() name=\"i{inputs}\" : f32{dims:?}\n"
+        ));
+        format!("%i{inputs}")
+    };
+    let (n, mut h, mut w, mut c) = (
+        1 + rng.below(2),
+        1 + rng.below(side),
+        1 + rng.below(side),
+        1 + rng.below(channels),
+    );
+    let mut cur = if rng.chance(0.5) {
+        input(&mut text, &[n, h, w, c])
+    } else {
+        // An NCHW input the program permutes itself.
+        let x = input(&mut text, &[n, c, h, w]);
+        text.push_str(&format!("%t = permute({x}) perm=[0, 2, 3, 1]\n"));
+        "%t".to_string()
+    };
+    let mut values: Vec<(String, [usize; 4])> = vec![(cur.clone(), [n, h, w, c])];
+    let mut outputs = Vec::new();
+    for step in 0..3 + rng.below(6) {
+        let v = format!("%v{step}");
+        match rng.below(6) {
+            0 | 1 => {
+                let k = rng.pick(&[1, 2, 3]);
+                let stride = [1 + rng.below(2), 1 + rng.below(2)];
+                let dilation = [1 + rng.below(2), 1 + rng.below(2)];
+                let pad: Vec<usize> = (0..4).map(|_| rng.below(k)).collect();
+                let span = |d: usize| dilation[d] * (k - 1) + 1;
+                if h + pad[0] + pad[1] < span(0) || w + pad[2] + pad[3] < span(1) {
+                    continue;
+                }
+                let depthwise = c > 1 && rng.chance(0.3);
+                let (groups, c_out) = if depthwise {
+                    (c, c)
+                } else {
+                    (1, 1 + rng.below(channels))
+                };
+                let wt = input(&mut text, &[c_out, c / groups, k, k]);
+                text.push_str(&format!(
+                    "{v} = conv2d({cur}, {wt}) layout=nhwc stride={stride:?} padding={pad:?} dilation={dilation:?} groups={groups}\n"
+                ));
+                h = (h + pad[0] + pad[1] - span(0)) / stride[0] + 1;
+                w = (w + pad[2] + pad[3] - span(1)) / stride[1] + 1;
+                c = c_out;
+            }
+            2 => {
+                let k = 1 + rng.below(2);
+                let stride = 1 + rng.below(2);
+                let pad = rng.below(k);
+                if h + 2 * pad < k || w + 2 * pad < k {
+                    continue;
+                }
+                let kind = rng.pick(&["max", "avg"]);
+                text.push_str(&format!(
+                    "{v} = pool2d({cur}) kind={kind} layout=nhwc window=[{k}, {k}] stride=[{stride}, {stride}] padding=[{pad}, {pad}, {pad}, {pad}] dilation=[1, 1] count_include_pad={}\n",
+                    rng.chance(0.5)
+                ));
+                h = (h + 2 * pad - k) / stride + 1;
+                w = (w + 2 * pad - k) / stride + 1;
+            }
+            3 => {
+                let op = rng.pick(&["relu", "neg", "tanh", "abs"]);
+                text.push_str(&format!("{v} = {op}({cur})\n"));
+            }
+            4 => {
+                // A broadcast operand, constant or not.
+                let dims: Vec<usize> = rng.pick(&[
+                    vec![],
+                    vec![c],
+                    vec![w, c],
+                    vec![1, 1, 1, c],
+                    vec![n, 1, 1, c],
+                    vec![h, w, 1],
+                    vec![n, h, w, c],
+                ]);
+                let side = if rng.chance(0.5) {
+                    input(&mut text, &dims)
+                } else {
+                    let count: usize = dims.iter().product();
+                    let values: Vec<String> = (0..count)
+                        .map(|i| format!("{:?}", (i % 7) as f64 * 0.25 - 0.75))
+                        .collect();
+                    text.push_str(&format!(
+                        "%k{step} = constant() value=[{}] : f32{dims:?}\n",
+                        values.join(", ")
+                    ));
+                    format!("%k{step}")
+                };
+                let op = rng.pick(&["add", "mul", "sub", "max"]);
+                let (a, b) = if rng.chance(0.5) {
+                    (&cur, &side)
+                } else {
+                    (&side, &cur)
+                };
+                text.push_str(&format!("{v} = {op}({a}, {b})\n"));
+            }
+            _ => {
+                // A residual: an earlier value of the same shape, else the value itself.
+                let same = values
+                    .iter()
+                    .filter(|(_, d)| *d == [n, h, w, c])
+                    .map(|(name, _)| name.clone())
+                    .collect::<Vec<_>>();
+                let other = if same.is_empty() {
+                    cur.clone()
+                } else {
+                    rng.pick(&same)
+                };
+                text.push_str(&format!("{v} = add({cur}, {other})\n"));
+            }
+        }
+        cur = v;
+        values.push((cur.clone(), [n, h, w, c]));
+        if rng.chance(0.3) {
+            outputs.push(cur.clone());
+        }
+    }
+    let (last, _) = values.last().expect("the input at least").clone();
+    // Readers outside the region: a reduction, a permute, the value itself.
+    let axes: Vec<usize> = (0..4).filter(|_| rng.chance(0.5)).collect();
+    let axes = if axes.is_empty() { vec![1, 2] } else { axes };
+    let op = rng.pick(&["reduce_sum", "reduce_max", "reduce_mean", "argmax"]);
+    text.push_str(&format!(
+        "%r = {op}({last}) axes={axes:?} keepdims={}\n",
+        rng.chance(0.5)
+    ));
+    let perm = rng.pick(&[vec![0, 3, 1, 2], vec![3, 2, 1, 0], vec![0, 1, 2, 3]]);
+    text.push_str(&format!("%p = permute({last}) perm={perm:?}\n"));
+    text.push_str("output \"r\" = %r\noutput \"p\" = %p\n");
+    outputs.push(last);
+    for (i, o) in outputs.iter().enumerate() {
+        text.push_str(&format!("output \"o{i}\" = {o}\n"));
+    }
+    text
+}
+
 /// A random graph from `seed` (convenience for tests).
 pub fn random_graph(seed: u64, n_ops: usize) -> Graph {
     let mut rng = Rng::new(seed);
