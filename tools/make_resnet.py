@@ -1,7 +1,7 @@
 """Writes ResNet-18 or ResNet-50 for inference as a kfuse program, with its weights and an input
 batch:
 
-    python tools/make_resnet.py DIR [--depth 18|50] [--batch 8] [--size 224]
+    python tools/make_resnet.py DIR [--depth 18|50] [--batch 8] [--size 224] [--layout nchw|nhwc]
     kfuse run DIR/resnet18.kf --inputs-npz DIR/x.npz --constants DIR/weights.npz \
         --runs 10 --profile DIR/trace.json --output-dir DIR/out
 
@@ -9,8 +9,10 @@ The network is `kfuse bench resnet18`'s (or `resnet50`'s) and `tools/bench_peers
 from the peer script's own definition (`r18_forward`, `r50_forward`) through ops that write
 kfuse's text IR: batchnorms folded into each convolution's weights and bias, as an inference
 export leaves them; 1000 logits; He-scaled random weights. The `kfuse run` command prints each
-step's median time over runs 2 to 10, the per-layer figures of docs/benchmarks.md. Needs numpy
-only.
+step's median time over runs 2 to 10, the per-layer figures of docs/benchmarks.md. With
+`--layout nhwc` the activations (and the input batch, the same values transposed) are NHWC, as
+a TensorFlow export writes them: `kfuse run` runs it in NCHW (the layout assignment), and
+`kfuse run --keep-layouts` as written. Needs numpy only.
 """
 import argparse
 import os
@@ -23,8 +25,9 @@ from bench_peers import r18_convs, r18_forward, r50_convs, r50_forward
 class TextOps:
     """Each op appends lines of kfuse's text IR and returns its result's name."""
 
-    def __init__(self):
+    def __init__(self, layout="nchw"):
         self.lines, self.weights, self.count = [], {}, 0
+        self.layout = layout
 
     def name(self, what):
         self.count += 1
@@ -33,11 +36,13 @@ class TextOps:
     def conv(self, v, w, b, stride):
         co, c, k, _ = w.shape
         wn, bn, y, p = self.name("w"), self.name("b"), self.name("c"), k // 2
-        self.weights[wn], self.weights[bn] = w, b.reshape(co, 1, 1)
+        # The bias broadcasts along the channel axis: [C, 1, 1] in NCHW, [C] in NHWC.
+        bias = [co, 1, 1] if self.layout == "nchw" else [co]
+        self.weights[wn], self.weights[bn] = w, b.reshape(bias)
         self.lines += [
             f'%{wn} = input() name="{wn}" : f32[{co}, {c}, {k}, {k}]',
-            f'%{bn} = input() name="{bn}" : f32[{co}, 1, 1]',
-            f"%{y}r = conv2d(%{v}, %{wn}) layout=nchw stride=[{stride}, {stride}] padding=[{p}, {p}, {p}, {p}] dilation=[1, 1] groups=1",
+            f'%{bn} = input() name="{bn}" : f32{bias}',
+            f"%{y}r = conv2d(%{v}, %{wn}) layout={self.layout} stride=[{stride}, {stride}] padding=[{p}, {p}, {p}, {p}] dilation=[1, 1] groups=1",
             f"%{y} = add(%{y}r, %{bn})",
         ]
         return y
@@ -54,10 +59,11 @@ class TextOps:
         return self.op(f"add(%{a}, %{b})")
 
     def maxpool(self, v):
-        return self.op(f"pool2d(%{v}) kind=max layout=nchw window=[3, 3] stride=[2, 2] padding=[1, 1, 1, 1] dilation=[1, 1] count_include_pad=false")
+        return self.op(f"pool2d(%{v}) kind=max layout={self.layout} window=[3, 3] stride=[2, 2] padding=[1, 1, 1, 1] dilation=[1, 1] count_include_pad=false")
 
     def gap(self, v):
-        return self.op(f"reduce_mean(%{v}) axes=[2, 3]")
+        axes = [2, 3] if self.layout == "nchw" else [1, 2]
+        return self.op(f"reduce_mean(%{v}) axes={axes}")
 
     def dense(self, v, w, b):
         self.weights["fc"], self.weights["fcb"] = w, b
@@ -74,6 +80,7 @@ def main():
     parser.add_argument("--depth", type=int, choices=[18, 50], default=18)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--layout", choices=["nchw", "nhwc"], default="nchw")
     args = parser.parse_args()
     n, hw = args.batch, args.size
     convs, forward = (r18_convs(), r18_forward) if args.depth == 18 else (r50_convs(), r50_forward)
@@ -83,8 +90,9 @@ def main():
     width = convs[-1][1]
     params.append(((rng.standard_normal((width, 1000)) / np.sqrt(width)).astype(np.float32),
                    (rng.standard_normal(1000) * 0.1).astype(np.float32)))
-    ops = TextOps()
-    ops.lines.append(f'%x = input() name="x" : f32[{n}, 3, {hw}, {hw}]')
+    ops = TextOps(args.layout)
+    dims = [n, 3, hw, hw] if args.layout == "nchw" else [n, hw, hw, 3]
+    ops.lines.append(f'%x = input() name="x" : f32{dims}')
     logits = forward(ops, "x", params)
     ops.lines.append(f'output "logits" = %{logits}')
     name = f"resnet{args.depth}"
@@ -92,7 +100,10 @@ def main():
     with open(os.path.join(args.dir, f"{name}.kf"), "w") as f:
         f.write("\n".join(ops.lines) + "\n")
     np.savez(os.path.join(args.dir, "weights.npz"), **ops.weights)
-    np.savez(os.path.join(args.dir, "x.npz"), x=rng.standard_normal((n, 3, hw, hw), dtype=np.float32))
+    x = rng.standard_normal((n, 3, hw, hw), dtype=np.float32)
+    if args.layout == "nhwc":
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    np.savez(os.path.join(args.dir, "x.npz"), x=x)
     print(f"wrote {args.dir}/{name}.kf, weights.npz ({len(ops.weights)} arrays) and x.npz")
 
 
