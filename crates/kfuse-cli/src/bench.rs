@@ -711,14 +711,23 @@ fn prepare(
     policy: kfuse::FusePolicy,
     cache: &std::path::Path,
 ) -> Result<Case> {
-    let graph = kfuse::opt::freeze(&kfuse::parse(program)?, frozen)?;
-    let inputs = inputs_for(&graph)?;
     let options = kfuse::Options {
         policy,
         cache_dir: cache.to_path_buf(),
         ..kfuse::Options::default()
     };
-    let exe = kfuse::compile(&graph, &options, &FixedCostModel::default())?;
+    prepare_with(program, frozen, &options)
+}
+
+/// [`prepare`] with any options.
+fn prepare_with(
+    program: &str,
+    frozen: &[(String, Array)],
+    options: &kfuse::Options,
+) -> Result<Case> {
+    let graph = kfuse::opt::freeze(&kfuse::parse(program)?, frozen)?;
+    let inputs = inputs_for(&graph)?;
+    let exe = kfuse::compile(&graph, options, &FixedCostModel::default())?;
     Ok(Case { exe, inputs })
 }
 
@@ -810,14 +819,19 @@ fn fused_against_unfused(
 /// times the width, 3, 4, 6 and 3 per stage, the stride on the 3×3) for inference on `n`
 /// images of `hw`×`hw` (batchnorms folded into the convolutions' weights and biases, as an
 /// inference export leaves them), ending in 1000 logits: the program and its weights, drawn by
-/// `randn` with He scaling.
+/// `randn` with He scaling. `nhwc`: activations in NHWC, as a TensorFlow export writes them.
 fn resnet_network(
     n: usize,
     hw: usize,
     bottleneck: bool,
+    nhwc: bool,
     randn: &dyn Fn(&[usize], f32) -> Result<Array>,
 ) -> Result<(String, Vec<(String, Array)>)> {
-    let mut text = format!("%x = input() name=\"x\" : f32[{n}, 3, {hw}, {hw}]\n");
+    let (layout, x_dims, gap_axes) = match nhwc {
+        false => ("nchw", [n, 3, hw, hw], [2, 3]),
+        true => ("nhwc", [n, hw, hw, 3], [1, 2]),
+    };
+    let mut text = format!("%x = input() name=\"x\" : f32{x_dims:?}\n");
     let mut frozen = Vec::new();
     let mut count = 0;
     // A convolution with its folded bias, and a ReLU after it where `relu`: returns the
@@ -837,11 +851,13 @@ fn resnet_network(
             format!("c{count}"),
         );
         let p = k / 2;
+        // The bias broadcasts along the channel axis.
+        let bias: &[usize] = if nhwc { &[co] } else { &[co, 1, 1] };
         text.push_str(&format!(
-            "%{w} = input() name=\"{w}\" : f32[{co}, {c}, {k}, {k}]\n%{b} = input() name=\"{b}\" : f32[{co}, 1, 1]\n%{y}r = conv2d(%{x}, %{w}) layout=nchw stride=[{s}, {s}] padding=[{p}, {p}, {p}, {p}] dilation=[1, 1] groups=1\n%{y} = add(%{y}r, %{b})\n"
+            "%{w} = input() name=\"{w}\" : f32[{co}, {c}, {k}, {k}]\n%{b} = input() name=\"{b}\" : f32{bias:?}\n%{y}r = conv2d(%{x}, %{w}) layout={layout} stride=[{s}, {s}] padding=[{p}, {p}, {p}, {p}] dilation=[1, 1] groups=1\n%{y} = add(%{y}r, %{b})\n"
         ));
         frozen.push((w, randn(&[co, c, k, k], (2.0 / (c * k * k) as f32).sqrt())?));
-        frozen.push((b, randn(&[co, 1, 1], 0.1)?));
+        frozen.push((b, randn(bias, 0.1)?));
         if relu {
             text.push_str(&format!("%{y}a = relu(%{y})\n"));
             return Ok(format!("{y}a"));
@@ -849,7 +865,7 @@ fn resnet_network(
         Ok(y)
     };
     let stem = conv(&mut text, "x", 3, 64, 7, 2, true)?;
-    text.push_str(&format!("%pool = pool2d(%{stem}) kind=max layout=nchw window=[3, 3] stride=[2, 2] padding=[1, 1, 1, 1] dilation=[1, 1] count_include_pad=false\n"));
+    text.push_str(&format!("%pool = pool2d(%{stem}) kind=max layout={layout} window=[3, 3] stride=[2, 2] padding=[1, 1, 1, 1] dilation=[1, 1] count_include_pad=false\n"));
     let mut x = "pool".to_string();
     let mut c = 64;
     let (blocks, expansion) = if bottleneck {
@@ -883,7 +899,7 @@ fn resnet_network(
         }
     }
     text.push_str(&format!(
-        "%gap = reduce_mean(%{x}) axes=[2, 3]\n%fc = input() name=\"fc\" : f32[{c}, 1000]\n%fcb = input() name=\"fcb\" : f32[1000]\n%l = matmul(%gap, %fc)\n%logits = add(%l, %fcb)\noutput \"logits\" = %logits\n"
+        "%gap = reduce_mean(%{x}) axes={gap_axes:?}\n%fc = input() name=\"fc\" : f32[{c}, 1000]\n%fcb = input() name=\"fcb\" : f32[1000]\n%l = matmul(%gap, %fc)\n%logits = add(%l, %fcb)\noutput \"logits\" = %logits\n"
     ));
     frozen.push((
         "fc".to_string(),
@@ -1124,23 +1140,47 @@ fn conv_workloads(
             false,
         )?);
     }
-    for (id, name, bottleneck) in [
-        ("resnet18", "ResNet-18", false),
-        ("resnet50", "ResNet-50", true),
+    for (id, name, bottleneck, nhwc) in [
+        ("resnet18", "ResNet-18", false, false),
+        ("resnet50", "ResNet-50", true, false),
+        ("resnet18-nhwc", "ResNet-18 in NHWC", false, true),
     ] {
         if !wanted(id) {
             continue;
         }
         // Quick: 96×96, so that the first stage still runs 24-wide rows (the Winograd kernel).
         let hw = if quick { 96 } else { 224 };
-        let (program, frozen) = resnet_network(n, hw, bottleneck, &randn)?;
-        let mut row = fused_against_unfused(
-            id,
-            &format!("{name} inference, {n}x3x{hw}x{hw}"),
-            &program,
-            &frozen,
-            (cache, runs, as_json),
-        )?;
+        let (program, frozen) = resnet_network(n, hw, bottleneck, nhwc, &randn)?;
+        let what = format!("{name} inference, {n}x3x{hw}x{hw}");
+        let mut row = if nhwc {
+            // The layout assignment (the network run in NCHW) against the network as written.
+            let options = |keep_layouts| kfuse::Options {
+                cache_dir: cache.to_path_buf(),
+                keep_layouts,
+                ..kfuse::Options::default()
+            };
+            let cases = [
+                prepare_with(&program, &frozen, &options(false))?,
+                prepare_with(&program, &frozen, &options(true))?,
+            ];
+            let ms = interleaved_ms(&cases, runs)?;
+            if !as_json {
+                println!(
+                    "{id} ({what}): run in NCHW {:.2} ms, as written {:.2} ms ({:.2}x)",
+                    ms[0],
+                    ms[1],
+                    ms[1] / ms[0]
+                );
+            }
+            let nchw = cases[0]
+                .exe
+                .passes
+                .iter()
+                .any(|p| p.starts_with("conv-layout: NCHW for"));
+            json!({"id": id, "ms": ms[0], "as_written_ms": ms[1], "speedup": ms[1] / ms[0], "run_in_nchw": nchw})
+        } else {
+            fused_against_unfused(id, &what, &program, &frozen, (cache, runs, as_json))?
+        };
         // The whole network against the reference interpreter, once.
         let case = prepare(&program, &frozen, kfuse::FusePolicy::Cost, cache)?;
         let (got, _) = case.exe.run(&case.inputs, &CustomOps::new())?;

@@ -125,7 +125,8 @@ enum Command {
         /// resnet: ResNet-18's down-sampling basic block, 64 channels at 56×56 to 128 at 28×28;
         /// resnet7: its last stage's block at batch 1, 512 channels at 7×7; resnet18: the
         /// whole network for inference, 8 images of 224×224, checked against the reference
-        /// interpreter; resnet50: ResNet-50 likewise (bottleneck blocks); cast: a dense layer
+        /// interpreter; resnet50: ResNet-50 likewise (bottleneck blocks); resnet18-nhwc:
+        /// ResNet-18 in NHWC, run in NCHW (layout assignment) against as written; cast: a dense layer
         /// stored in bf16, the cast in the GEMM's epilogue).
         #[arg(value_name = "ID")]
         only: Vec<String>,

@@ -860,6 +860,7 @@ fn bench_quick_reports_every_workload() {
         "resnet7",
         "resnet18",
         "resnet50",
+        "resnet18-nhwc",
     ] {
         assert!(
             report["convolutions"]
@@ -871,7 +872,7 @@ fn bench_quick_reports_every_workload() {
         );
     }
     // The whole of ResNet-18 and ResNet-50 in fast numerics against the reference interpreter.
-    for id in ["resnet18", "resnet50"] {
+    for id in ["resnet18", "resnet50", "resnet18-nhwc"] {
         let network = report["convolutions"]
             .as_array()
             .unwrap()
@@ -881,6 +882,13 @@ fn bench_quick_reports_every_workload() {
         let error = network["max_rel_error"].as_f64().unwrap();
         assert!(error < 1e-4, "{id}'s logits off by {error}");
     }
+    let nhwc = report["convolutions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == "resnet18-nhwc")
+        .unwrap();
+    assert_eq!(nhwc["run_in_nchw"], true, "{nhwc}");
     assert_eq!(report["cost_model_case"].as_array().unwrap().len(), 2);
     // The bias alone, then ReLU, sigmoid, tanh, both forms of GELU and ReLU6.
     assert_eq!(report["activations"].as_array().unwrap().len(), 7);
