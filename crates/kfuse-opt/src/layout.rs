@@ -35,7 +35,7 @@
 //! convolutions' summation orders differ between layouts, which is why the pass runs in fast
 //! numerics only (strict numerics runs convolutions on the reference anyway).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use kfuse_ir::{Graph, Layout, NodeId, Op, Shape, TensorType, Value};
 
@@ -187,6 +187,8 @@ struct Region {
     cost: f64,
     /// The layout changes that cost anything (not constants, scalars or composed permutes).
     edges: usize,
+    /// Nodes whose value is read in NHWC outside the region (or returned).
+    exits: Vec<NodeId>,
 }
 
 struct Plan {
@@ -306,11 +308,11 @@ impl ConvLayout {
                 let mut inside = vec![false; n];
                 nodes.iter().for_each(|id| inside[id.index()] = true);
                 let mut entries: Vec<Value> = Vec::new();
+                let mut entered: HashSet<Value> = HashSet::new();
                 let mut exits: Vec<NodeId> = Vec::new();
                 for &id in &nodes {
                     for (i, &v) in graph.node(id).operands.iter().enumerate() {
-                        if is_flow(graph, id, i) && !inside[v.node.index()] && !entries.contains(&v)
-                        {
+                        if is_flow(graph, id, i) && !inside[v.node.index()] && entered.insert(v) {
                             entries.push(v);
                         }
                     }
@@ -343,6 +345,7 @@ impl ConvLayout {
                     saving,
                     cost: costs.iter().sum(),
                     edges: costs.iter().filter(|&&c| c > 0.0).count(),
+                    exits,
                 }
             })
             .collect();
@@ -373,14 +376,11 @@ impl ConvLayout {
                 names.join(", "),
                 r.nodes.len() - r.anchors.len()
             ));
-            let mut inside = vec![false; n];
-            r.nodes.iter().for_each(|id| inside[id.index()] = true);
             for &id in &r.nodes {
                 region_of[id.index()] = Some(chosen);
-                copied_out[id.index()] = returned[id.index()]
-                    || users[id.index()]
-                        .iter()
-                        .any(|&(u, i)| Self::exit(graph, u, i, &inside) == Some(Exit::Copy));
+            }
+            for &id in &r.exits {
+                copied_out[id.index()] = true;
             }
             chosen += 1;
         }
