@@ -476,34 +476,23 @@ impl Assign<'_> {
                 let (x, p) = self.view(source);
                 self.permute(x, compose(&compose(&p, perm), &TO_NCHW))?
             }
-            _ if dims.len() < 4 && only_moves_ones(&rank4, &TO_NCHW) => {
+            // A value from outside the region: no region's NCHW form to start from.
+            _ if only_moves_ones(&rank4, &TO_NCHW) => {
                 let x = self.out.moved(v);
-                self.out.add(
-                    Op::Reshape {
-                        shape: Shape::new(trimmed),
-                    },
-                    vec![x],
-                )?
+                let shape = Shape::new(trimmed);
+                self.out.add(Op::Reshape { shape }, vec![x])?
             }
             _ => {
-                let (mut x, mut p) = self.view(v);
+                let mut x = self.out.moved(v);
                 if dims.len() < 4 {
-                    x = self.out.add(
-                        Op::Reshape {
-                            shape: Shape::new(rank4),
-                        },
-                        vec![x],
-                    )?;
-                    p = (0..4).collect();
+                    let shape = Shape::new(rank4);
+                    x = self.out.add(Op::Reshape { shape }, vec![x])?;
                 }
-                x = self.permute(x, compose(&p, &TO_NCHW))?;
-                if self.out_dims(x) != trimmed {
-                    x = self.out.add(
-                        Op::Reshape {
-                            shape: Shape::new(trimmed),
-                        },
-                        vec![x],
-                    )?;
+                let perm = TO_NCHW.to_vec();
+                x = self.out.add(Op::Permute { perm }, vec![x])?;
+                if nchw != trimmed {
+                    let shape = Shape::new(trimmed);
+                    x = self.out.add(Op::Reshape { shape }, vec![x])?;
                 }
                 x
             }
