@@ -20,3 +20,4 @@ pub mod dense;
 pub mod fpmode;
 pub mod matmul;
 pub mod pooling;
+mod sgemm;

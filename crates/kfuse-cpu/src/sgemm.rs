@@ -1,0 +1,436 @@
+//! f32 matrix products on AVX-512: a packed GEMM whose microkernel keeps a 6 × 64 block of the
+//! product in 24 vector registers, for the single-threaded calls each task of a matmul or a
+//! convolution makes (`dense::gemm_into`).
+//!
+//! Blocking, for a core with 48 KiB of L1 and 1 MiB of L2:
+//! - the right operand is packed in blocks of up to [`KC`] steps × [`NC`] columns (512 KiB,
+//!   half of L2), each block as panels of [`NR`] columns, one step's 64 values contiguous and
+//!   a last partial panel padded with zeros;
+//! - the left operand is read in place through its strides (six rows' values broadcast at
+//!   each step), so nothing of it is copied: a row-major or a transposed operand alike;
+//! - for each six rows, the microkernel runs over every panel of the block, its six rows of
+//!   the left operand staying in L1 while the panels stream from L2, and adds its sums to
+//!   the destination (stores them, on the first block of steps); a last panel of a few
+//!   columns computes only the vectors they reach.
+//!
+//! Against the `gemm` crate on W5a's product (1024 × 1024 × 4096, the AMD EPYC host, two
+//! threads): see `docs/benchmarks.md`. Sums run along `k` in order within a block of steps and
+//! blocks are added in order, with FMA: fast numerics only, like the `gemm` crate's.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::ops::Range;
+
+/// Rows of a microkernel block.
+const MR: usize = 6;
+/// Columns of a microkernel block: four 16-lane vectors.
+const NR: usize = 64;
+/// Steps of the sum per packed block of the right operand.
+const KC: usize = 512;
+/// Columns per packed block of the right operand.
+const NC: usize = 256;
+
+/// A matrix operand in place: element `(i, j)` at `ptr + i * rs + j * cs`.
+#[derive(Clone, Copy)]
+pub(crate) struct Strided {
+    pub ptr: *const f32,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// Whether [`sgemm`] runs here (AVX-512) and pays for this product: at least a vector's
+/// width of columns, since every panel computes whole vectors.
+pub(crate) fn applies(m: usize, n: usize, k: usize) -> bool {
+    crate::dense::has_avx512() && m >= 1 && n >= 16 && k >= 1
+}
+
+thread_local! {
+    /// The packed right operand, kept between calls (a fresh buffer would fault its pages in
+    /// at every call). Its own, since callers may hold `dense::with_scratch`.
+    static PACKED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `c[m×n] (+)= a[m×k] @ b[k×n]`, single-threaded: added to `c`'s values where `accumulate`,
+/// else stored over them. `c` is given as its first element and row stride (its columns
+/// contiguous).
+///
+/// # Safety
+/// The CPU must have AVX-512F ([`applies`]). `a` and `b` must address matrices of these shapes,
+/// `c` an `m × n` matrix with rows `ldc` apart, not overlapping them, and no other thread may
+/// touch `c`'s elements during the call.
+pub(crate) unsafe fn sgemm(
+    [m, n, k]: [usize; 3],
+    a: Strided,
+    b: Strided,
+    (c, ldc): (*mut f32, usize),
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                // SAFETY: row i of `c`, as the caller vouches.
+                unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0) };
+            }
+        }
+        return;
+    }
+    let kc_max = KC.min(k);
+    let nc_max = NC.min(n).div_ceil(NR) * NR;
+    PACKED.with(|cell| {
+        let mut buffer = cell.borrow_mut();
+        // Room to start the panels on a cache line.
+        let len = kc_max * nc_max + 16;
+        if buffer.len() < len {
+            buffer.resize(len, 0.0);
+        }
+        let skip = buffer.as_ptr().align_offset(64).min(16);
+        let packed = &mut buffer[skip..][..kc_max * nc_max];
+        for jc in (0..n).step_by(NC) {
+            let nc = NC.min(n - jc);
+            let panels = nc.div_ceil(NR);
+            for pc in (0..k).step_by(KC) {
+                let kc = KC.min(k - pc);
+                // SAFETY: the block lies within `b`, as the caller vouches.
+                unsafe { pack(b, pc..pc + kc, jc..jc + nc, packed) };
+                let add = accumulate || pc > 0;
+                for ir in (0..m).step_by(MR) {
+                    let rows = MR.min(m - ir);
+                    // SAFETY: rows ir.. and steps pc.. lie within `a`; the panels within
+                    // `packed`; the block within `c`; the features are the caller's.
+                    unsafe {
+                        let a_at = a.ptr.add(ir * a.rs + pc * a.cs);
+                        for panel in 0..panels {
+                            let cols = NR.min(nc - panel * NR);
+                            let dst = c.add(ir * ldc + jc + panel * NR);
+                            let b_at = packed.as_ptr().add(panel * kc * NR);
+                            let tile = Tile {
+                                a: a_at,
+                                a_rs: a.rs,
+                                a_cs: a.cs,
+                                b: b_at,
+                                kc,
+                                c: dst,
+                                ldc,
+                                cols,
+                                add,
+                            };
+                            dispatch(rows, cols.div_ceil(16), &tile);
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Steps `steps` of columns `cols` of `b` into `packed`, as panels of [`NR`] columns (each
+/// step's values contiguous), the last panel padded with zeros.
+///
+/// # Safety
+/// The block must lie within `b`; `packed` holds `steps.len()` times `cols.len()` rounded up to
+/// whole panels.
+unsafe fn pack(b: Strided, steps: Range<usize>, cols: Range<usize>, packed: &mut [f32]) {
+    let kc = steps.len();
+    let nc = cols.len();
+    for panel in 0..nc.div_ceil(NR) {
+        let j0 = cols.start + panel * NR;
+        let width = NR.min(cols.end - j0);
+        let dst = &mut packed[panel * kc * NR..][..kc * NR];
+        if b.cs == 1 {
+            for (p, row) in dst.chunks_exact_mut(NR).enumerate() {
+                // SAFETY: `width` values of step p from column j0, within `b`.
+                let src = unsafe {
+                    std::slice::from_raw_parts(b.ptr.add((steps.start + p) * b.rs + j0), width)
+                };
+                row[..width].copy_from_slice(src);
+                row[width..].fill(0.0);
+            }
+        } else {
+            // Columns contiguous along the steps (a transposed operand): column by column.
+            if width < NR {
+                dst.fill(0.0);
+            }
+            for j in 0..width {
+                // SAFETY: column j0 + j, steps `steps`, within `b`.
+                let src = unsafe { b.ptr.add(steps.start * b.rs + (j0 + j) * b.cs) };
+                for p in 0..kc {
+                    // SAFETY: as above.
+                    dst[p * NR + j] = unsafe { *src.add(p * b.rs) };
+                }
+            }
+        }
+    }
+}
+
+/// One microkernel call: `rows` (the kernel's `R`) × `cols` of the output at `c`, from the
+/// left operand's rows at `a` and a packed panel at `b`, over `kc` steps.
+struct Tile {
+    a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
+    b: *const f32,
+    kc: usize,
+    c: *mut f32,
+    ldc: usize,
+    /// Valid columns of the panel, 1 to [`NR`].
+    cols: usize,
+    /// Add the sums to the output's values rather than storing them over.
+    add: bool,
+}
+
+/// [`kernel`] for `rows` rows (1 to [`MR`]) and the `vectors` (1 to 4) of the panel that hold
+/// its valid columns: a last panel of a few columns computes only the vectors they reach (a
+/// 14×14 image's 196 positions take 208, not 256).
+///
+/// # Safety
+/// As for [`kernel`].
+unsafe fn dispatch(rows: usize, vectors: usize, t: &Tile) {
+    macro_rules! by_vectors {
+        ($r:literal) => {
+            match vectors {
+                4 => kernel::<$r, 4>(t),
+                3 => kernel::<$r, 3>(t),
+                2 => kernel::<$r, 2>(t),
+                _ => kernel::<$r, 1>(t),
+            }
+        };
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match rows {
+            6 => by_vectors!(6),
+            5 => by_vectors!(5),
+            4 => by_vectors!(4),
+            3 => by_vectors!(3),
+            2 => by_vectors!(2),
+            _ => by_vectors!(1),
+        }
+    }
+}
+
+/// `R` rows × `V` vectors of a panel: the sums in `R V` registers over all steps, then added
+/// to (or stored over) the output, a last partial vector through a mask.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `t` must address valid operands as [`sgemm`] describes, its
+/// valid columns within the `V` vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel<const R: usize, const V: usize>(t: &Tile) {
+    // SAFETY: in bounds as the caller vouches.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); V]; R];
+        let offsets: [usize; R] = std::array::from_fn(|i| i * t.a_rs);
+        let (mut a, mut b) = (t.a, t.b);
+        for _ in 0..t.kc {
+            let bv: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(b.add(16 * v)));
+            for (row, &offset) in acc.iter_mut().zip(&offsets) {
+                let av = _mm512_set1_ps(*a.add(offset));
+                for (sum, &bv) in row.iter_mut().zip(&bv) {
+                    *sum = _mm512_fmadd_ps(av, bv, *sum);
+                }
+            }
+            a = a.add(t.a_cs);
+            b = b.add(NR);
+        }
+        for (i, row) in acc.iter().enumerate() {
+            let dst = t.c.add(i * t.ldc);
+            for (v, &sum) in row.iter().enumerate() {
+                let col = 16 * v;
+                if col >= t.cols {
+                    break;
+                }
+                let at = dst.add(col);
+                if t.cols - col >= 16 {
+                    let value = if t.add {
+                        _mm512_add_ps(_mm512_loadu_ps(at), sum)
+                    } else {
+                        sum
+                    };
+                    _mm512_storeu_ps(at, value);
+                } else {
+                    let mask: __mmask16 = (1u16 << (t.cols - col)) - 1;
+                    let value = if t.add {
+                        _mm512_add_ps(_mm512_maskz_loadu_ps(mask, at), sum)
+                    } else {
+                        sum
+                    };
+                    _mm512_mask_storeu_ps(at, mask, value);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn kernel<const R: usize, const V: usize>(_: &Tile) {
+    unreachable!("`applies` is false without AVX-512")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The product in f64, for comparison.
+    fn reference(m: usize, n: usize, k: usize, a: Strided, b: Strided) -> Vec<f64> {
+        let mut out = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut sum = 0.0f64;
+                for p in 0..k {
+                    // SAFETY: within the test's operands.
+                    let (x, y) = unsafe {
+                        (
+                            *a.ptr.add(i * a.rs + p * a.cs),
+                            *b.ptr.add(p * b.rs + j * b.cs),
+                        )
+                    };
+                    sum += f64::from(x) * f64::from(y);
+                }
+                out[i * n + j] = sum;
+            }
+        }
+        out
+    }
+
+    fn values(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i * 7919 + seed * 104_729) % 1999) as f32 - 999.0) / 997.0)
+            .collect()
+    }
+
+    /// Every size class of the blocking (partial row blocks of 1 to 5 rows, partial panels and
+    /// partial vectors, several blocks of steps and of columns, one step, zero steps), both
+    /// layouts of each operand, stored and accumulated, within the sum's rounding of an f64
+    /// reference, and nothing written outside the output's rows.
+    #[test]
+    fn products_match_an_f64_reference() {
+        if !applies(1, 16, 1) {
+            eprintln!("SKIPPED products_match_an_f64_reference: the CPU lacks AVX-512");
+            return;
+        }
+        let shapes = [
+            (1, 16, 1),
+            (6, 64, 8),
+            (7, 65, 3),
+            (13, 100, 37),
+            (5, 17, 513),
+            (12, 300, 1030),
+            (25, 257, 64),
+            (3, 31, 0),
+        ];
+        for &(m, n, k) in &shapes {
+            for (ta, tb, accumulate) in [
+                (false, false, false),
+                (true, false, false),
+                (false, true, true),
+                (true, true, false),
+            ] {
+                let (av, bv) = (values(m * k, 1), values(k * n, 2));
+                let a = if ta {
+                    Strided {
+                        ptr: av.as_ptr(),
+                        rs: 1,
+                        cs: m,
+                    }
+                } else {
+                    Strided {
+                        ptr: av.as_ptr(),
+                        rs: k,
+                        cs: 1,
+                    }
+                };
+                let b = if tb {
+                    Strided {
+                        ptr: bv.as_ptr(),
+                        rs: 1,
+                        cs: k,
+                    }
+                } else {
+                    Strided {
+                        ptr: bv.as_ptr(),
+                        rs: n,
+                        cs: 1,
+                    }
+                };
+                // A row stride wider than the output's, with guards past each row.
+                let ldc = n + 3;
+                let start: Vec<f32> = (0..m * ldc).map(|i| (i % 5) as f32 * 0.25).collect();
+                let mut c = start.clone();
+                // SAFETY: the operands above, and the CPU checked.
+                unsafe { sgemm([m, n, k], a, b, (c.as_mut_ptr(), ldc), accumulate) };
+                let want = reference(m, n, k, a, b);
+                for i in 0..m {
+                    for j in 0..ldc {
+                        let got = c[i * ldc + j];
+                        if j >= n {
+                            assert_eq!(got, start[i * ldc + j], "{m}x{n}x{k}: guard touched");
+                            continue;
+                        }
+                        let base = if accumulate {
+                            start[i * ldc + j] as f64
+                        } else {
+                            0.0
+                        };
+                        let expect = base + want[i * n + j];
+                        let bound = 1e-6 * (k as f64 + 1.0) * (1.0 + expect.abs());
+                        assert!(
+                            (got as f64 - expect).abs() <= bound,
+                            "{m}x{n}x{k} ta={ta} tb={tb} at ({i}, {j}): {got} against {expect}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// NaN and infinities reach exactly the outputs whose sums hold them; the zero padding of a
+    /// partial panel never leaks a NaN (0 × inf) into a stored column.
+    #[test]
+    fn special_values_reach_only_their_outputs() {
+        if !applies(1, 16, 1) {
+            eprintln!("SKIPPED special_values_reach_only_their_outputs: the CPU lacks AVX-512");
+            return;
+        }
+        let (m, n, k) = (7, 20, 5);
+        let mut a = vec![1.0f32; m * k];
+        let mut b = vec![0.5f32; k * n];
+        a[2 * k + 1] = f32::INFINITY; // row 2: +inf where b is positive
+        b[3 * n + 7] = f32::NAN; // column 7
+        let mut c = vec![0.0f32; m * n];
+        // SAFETY: the operands above, and the CPU checked.
+        unsafe {
+            sgemm(
+                [m, n, k],
+                Strided {
+                    ptr: a.as_ptr(),
+                    rs: k,
+                    cs: 1,
+                },
+                Strided {
+                    ptr: b.as_ptr(),
+                    rs: n,
+                    cs: 1,
+                },
+                (c.as_mut_ptr(), n),
+                false,
+            )
+        };
+        for i in 0..m {
+            for j in 0..n {
+                let v = c[i * n + j];
+                if j == 7 {
+                    assert!(v.is_nan(), "({i}, {j}) = {v}");
+                } else if i == 2 {
+                    assert_eq!(v, f32::INFINITY, "({i}, {j})");
+                } else {
+                    assert_eq!(v, 2.5, "({i}, {j})");
+                }
+            }
+        }
+    }
+}
