@@ -3,7 +3,7 @@
 //! - 1×1 convolutions as plain GEMMs on the activations in place;
 //! - f32 NCHW stride-1 convolutions on an AVX-512 implicit-GEMM microkernel (`conv/direct.rs`);
 //! - other stride-1 convolutions as one `gemm` call per tap (`conv/shifted.rs`);
-//! - everything else as im2col tiles fed to the `gemm` crate.
+//! - everything else as im2col tiles fed to a GEMM (`dense::gemm_into`).
 //!
 //! The fused depthwise-separable block produces its depthwise output tile by tile into a buffer
 //! that stays in cache, and the pointwise product consumes it there; it is never written whole
@@ -540,9 +540,9 @@ impl Route {
                 "the direct 8×48 microkernel over a zero-bordered copy of each band's input".into()
             }
             Route::Shifted => {
-                "one GEMM per tap (the `gemm` crate) over a zero-bordered copy of each band's input".into()
+                "one GEMM per tap over a zero-bordered copy of each band's input".into()
             }
-            Route::Im2col => "im2col columns per band of output rows, one GEMM per group (the `gemm` crate)".into(),
+            Route::Im2col => "im2col columns per band of output rows, one GEMM per group".into(),
         }
     }
 }
@@ -591,9 +591,11 @@ fn small_pointwise(g: &Geometry) -> bool {
 /// ReLU, `gemm` over direct: 8×256×56×56 → 512 0.93, 8×512×28×28 → 1024 1.08, 8×1024×14×14 →
 /// 2048 1.03 (this last one takes tap planes, `direct::on_tap_planes`).
 ///
-/// Stride-1 1×1 convolutions run on the `gemm` crate. The direct microkernel led it by 3–9%
-/// on the AMD host, reading each band's input rows in place; on the Intel reference host
-/// `gemm` leads wherever the input has 96 or more channels, and mostly elsewhere.
+/// Stride-1 1×1 convolutions run on a GEMM per band (`dense::gemm_into`; for f32 on AVX-512
+/// kfuse's own `sgemm` since, 1–7% faster than the `gemm` crate on ResNet-50's shapes without
+/// an epilogue). The direct microkernel led the `gemm` crate by 3–9% on the AMD host, reading
+/// each band's input rows in place; on the Intel reference host `gemm` leads wherever the
+/// input has 96 or more channels, and mostly elsewhere.
 /// `conv::conv2d` alone (`examples/conv_shapes.rs`), the two routes alternating in one
 /// process, 31–41 rounds, median of the paired ratio `gemm` / direct, without an epilogue /
 /// with bias and ReLU / with bias, residual and ReLU:

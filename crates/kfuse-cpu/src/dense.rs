@@ -284,8 +284,8 @@ pub(crate) enum Init<'a, T> {
 }
 
 /// `dst[m×n] = init + lhs[m×k] @ rhs[k×n]` with arbitrary strides, single-threaded: f32 on
-/// AVX-512 on kfuse's own GEMM ([`sgemm`], 4–5% faster than the `gemm` crate on W5a's
-/// product), everything else on the `gemm` crate.
+/// AVX-512 on kfuse's own GEMM ([`sgemm`]; on one thread 4–5% faster than the `gemm` crate on
+/// W5a's product), everything else on the `gemm` crate.
 ///
 /// # Safety
 /// The pointers must address matrices of these shapes and strides, `dst` not overlapping the

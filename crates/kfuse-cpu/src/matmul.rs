@@ -1,4 +1,5 @@
-//! Matrix products on the `gemm` crate (AVX-512 kernels on x86-64), for fast numerics.
+//! Matrix products on a single-threaded GEMM per task (`dense::gemm_into`: kfuse's own for f32
+//! on AVX-512, else the `gemm` crate), for fast numerics.
 //!
 //! `gemm` blocks and uses fused multiply-adds, so its sums are not bit-identical to the reference
 //! interpreter's sequential `k` loop: strict numerics keep the reference matmul.
