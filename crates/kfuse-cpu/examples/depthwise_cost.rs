@@ -18,14 +18,12 @@ mod values;
 #[path = "common/line_aligned.rs"]
 mod line_aligned;
 
+#[path = "common/settings.rs"]
+mod settings;
+use settings::setting;
+
 fn main() {
-    let env = |name: &str, default: usize| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let (c, hw, n) = (env("C", 64), env("HW", 112), env("N", 1));
+    let (c, hw, n) = (setting("C", 64), setting("HW", 112), setting("N", 1));
     let x = values::activations(n * c * hw * hw);
     let w = values::weights(c * 9);
     let attrs = Conv2dAttrs {

@@ -1,10 +1,11 @@
 //! W6a's fused depthwise-separable block alone (8×64×112×112 → 128, f32 NCHW, 3×3 depthwise
 //! with padding 1, then 1×1), run by `conv::separable` on the kernel pool: the median of
-//! `RUNS` (default 41) runs in ms and GFLOP/s, with the block's floor at the given peak.
+//! `RUNS` (default 41) runs and the fastest, in ms, and the median's GFLOP/s.
 //!
 //! `cargo run --release -p kfuse-cpu --example separable_cost`
 //!
-//! `N`, `C`, `CO` and `HW` set the batch, the channels in and out, and the image's side.
+//! `N`, `C`, `CO` and `HW` set the batch, the channels in and out, and the image's side;
+//! `RUNS` the timed runs.
 
 use kfuse_cpu::conv::{separable, Epilogue, View};
 use kfuse_ir::{Conv2dAttrs, Layout, Storage};
@@ -16,15 +17,18 @@ mod values;
 #[path = "common/line_aligned.rs"]
 mod line_aligned;
 
+#[path = "common/settings.rs"]
+mod settings;
+use settings::setting;
+
 fn main() {
-    let env = |name: &str, default: usize| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let (n, c, co, hw) = (env("N", 8), env("C", 64), env("CO", 128), env("HW", 112));
-    let runs = env("RUNS", 41);
+    let (n, c, co, hw) = (
+        setting("N", 8),
+        setting("C", 64),
+        setting("CO", 128),
+        setting("HW", 112),
+    );
+    let runs = setting("RUNS", 41);
     let x = values::activations(n * c * hw * hw);
     let wd = values::weights(c * 9);
     let wp = values::weights(co * c);
@@ -65,9 +69,6 @@ fn main() {
         })
         .skip(1)
         .collect();
-    if std::env::var_os("ALL").is_some() {
-        eprintln!("{times:.2?}");
-    }
     times.sort_by(f64::total_cmp);
     let ms = times[runs / 2];
     let flops = 2.0 * (n * hw * hw) as f64 * (c * 9 + c * co) as f64;

@@ -299,6 +299,16 @@ mod tests {
         out
     }
 
+    /// A `rows × cols` matrix stored row-major, or (where `transposed`) as its transpose.
+    fn strided(values: &[f32], rows: usize, cols: usize, transposed: bool) -> Strided {
+        let (rs, cs) = if transposed { (1, rows) } else { (cols, 1) };
+        Strided {
+            ptr: values.as_ptr(),
+            rs,
+            cs,
+        }
+    }
+
     fn values(len: usize, seed: usize) -> Vec<f32> {
         (0..len)
             .map(|i| (((i * 7919 + seed * 104_729) % 1999) as f32 - 999.0) / 997.0)
@@ -333,32 +343,7 @@ mod tests {
                 (true, true, false),
             ] {
                 let (av, bv) = (values(m * k, 1), values(k * n, 2));
-                let a = if ta {
-                    Strided {
-                        ptr: av.as_ptr(),
-                        rs: 1,
-                        cs: m,
-                    }
-                } else {
-                    Strided {
-                        ptr: av.as_ptr(),
-                        rs: k,
-                        cs: 1,
-                    }
-                };
-                let b = if tb {
-                    Strided {
-                        ptr: bv.as_ptr(),
-                        rs: 1,
-                        cs: k,
-                    }
-                } else {
-                    Strided {
-                        ptr: bv.as_ptr(),
-                        rs: n,
-                        cs: 1,
-                    }
-                };
+                let (a, b) = (strided(&av, m, k, ta), strided(&bv, k, n, tb));
                 // A row stride wider than the output's, with guards past each row.
                 let ldc = n + 3;
                 let start: Vec<f32> = (0..m * ldc).map(|i| (i % 5) as f32 * 0.25).collect();
