@@ -23,6 +23,7 @@ use crate::dense::{
 };
 pub use crate::dense::{Epilogue, View};
 
+use crate::sgemm::{self, Strided};
 use crate::Pool;
 
 mod depthwise;
@@ -668,9 +669,18 @@ fn im2col_gemm<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Pos
     let k = cg * g.kh * g.kw;
     let out = Out(y.as_mut_ptr());
     let pointwise = g.is_pointwise();
+    // f32 NCHW on kfuse's own GEMM, with no activation or ReLU: the bias, the residual and the
+    // activation join the sums as they are stored, with no pass over the band.
+    let in_registers = match (g.layout, f32_operands(xs, ws, post)) {
+        (Layout::Nchw, Some((_, _, post))) if matches!(post.act, None | Some(Activation::Relu)) => {
+            Some(post)
+        }
+        _ => None,
+    };
     let job = |n: usize, band: std::ops::Range<usize>| {
         let (r0, r1) = (band.start, band.end);
         let p = (r1 - r0) * ow;
+        let finished = in_registers.is_some() && sgemm::applies(og, p, k);
         // Every element of the columns is written before the GEMM reads it.
         with_scratch(if pointwise { 0 } else { k * p }, |col: &mut [T]| {
             for group in 0..g.groups {
@@ -695,6 +705,28 @@ fn im2col_gemm<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Pos
                 // its buffer; this task alone writes rows r0..r1 of image n.
                 unsafe {
                     match g.layout {
+                        Layout::Nchw if finished => {
+                            let post = in_registers.expect("checked above");
+                            let at = ((n * c_out + group * og) * oh + r0) * ow;
+                            let finish = sgemm::Finish {
+                                row_bias: post.bias.map(|b| b[group * og..].as_ptr()),
+                                residual: post.residual.map(|r| r[at..].as_ptr()),
+                                activation: post.act,
+                            };
+                            let operand = |ptr: *const T, rs, cs| Strided {
+                                ptr: ptr.cast::<f32>(),
+                                rs,
+                                cs,
+                            };
+                            sgemm::sgemm(
+                                [og, p, k],
+                                operand(w_group, k, 1),
+                                operand(cols, cols_rs, cols_cs),
+                                (out.ptr().add(at).cast::<f32>(), oh * ow),
+                                false,
+                                &finish,
+                            );
+                        }
                         Layout::Nchw => {
                             let dst = out.ptr().add(((n * c_out + group * og) * oh + r0) * ow);
                             gemm_into(
@@ -737,8 +769,10 @@ fn im2col_gemm<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Pos
                 }
             }
         });
-        // SAFETY: as above, this band belongs to this task.
-        unsafe { finish_band(g, out.ptr(), n, r0, r1, post) };
+        if !finished {
+            // SAFETY: as above, this band belongs to this task.
+            unsafe { finish_band(g, out.ptr(), n, r0, r1, post) };
+        }
     };
     for_each_band(n_images, oh, k * ow * std::mem::size_of::<T>(), &job);
 }

@@ -4,7 +4,7 @@
 
 use kfuse_ir::Storage;
 
-use crate::sgemm::{self, Strided};
+use crate::sgemm::{self, Finish, Strided};
 pub use kfuse_kernel::Activation;
 
 /// A tensor operand: its data and dims, borrowed where it lives (no copy).
@@ -331,13 +331,13 @@ pub(crate) unsafe fn gemm_into<T: Real>(
             let (a, b) = (strided(lhs, lhs_rs, lhs_cs), strided(rhs, rhs_rs, rhs_cs));
             let c = dst.cast::<f32>();
             if dst_cs == 1 && sgemm::applies(m, n, k) {
-                return sgemm::sgemm([m, n, k], a, b, (c, dst_rs), read_dst);
+                return sgemm::sgemm([m, n, k], a, b, (c, dst_rs), read_dst, &Finish::default());
             }
             // `sgemm` stores along rows: a column-major destination takes the product of the
             // transposes.
             if dst_rs == 1 && sgemm::applies(n, m, k) {
                 let (at, bt) = (strided(rhs, rhs_cs, rhs_rs), strided(lhs, lhs_cs, lhs_rs));
-                return sgemm::sgemm([n, m, k], at, bt, (c, dst_cs), read_dst);
+                return sgemm::sgemm([n, m, k], at, bt, (c, dst_cs), read_dst, &Finish::default());
             }
         }
         gemm::gemm(

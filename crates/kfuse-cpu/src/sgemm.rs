@@ -24,6 +24,8 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
 
+use crate::dense::{epilogue, Activation, RowBias, Tail};
+
 /// Rows of a microkernel block.
 const MR: usize = 6;
 /// Columns of a microkernel block: four 16-lane vectors.
@@ -41,6 +43,35 @@ pub(crate) struct Strided {
     pub cs: usize,
 }
 
+/// What the sums of a tile get once the last of them is in, before they are stored, in the
+/// IR's order: a bias per row of the output (an NCHW convolution's output channel), then a
+/// residual laid out as the output, then the activation. Each step rounds as the IR's op does,
+/// so the result is the one a pass over the stored output gives, without that pass.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Finish {
+    /// `m` values, one per row.
+    pub row_bias: Option<*const f32>,
+    /// An `m × n` matrix with the output's row stride.
+    pub residual: Option<*const f32>,
+    pub activation: Option<Activation>,
+}
+
+impl Finish {
+    fn is_empty(&self) -> bool {
+        self.row_bias.is_none() && self.residual.is_none() && self.activation.is_none()
+    }
+
+    /// The finish of the tile at row `i` and element `at` of the output.
+    fn at(&self, i: usize, at: usize) -> Finish {
+        // Offsets within the operands the caller vouches for.
+        Finish {
+            row_bias: self.row_bias.map(|b| b.wrapping_add(i)),
+            residual: self.residual.map(|r| r.wrapping_add(at)),
+            activation: self.activation,
+        }
+    }
+}
+
 /// Whether [`sgemm`] runs here (AVX-512) and pays for this product: at least a vector's
 /// width of columns, since every panel computes whole vectors.
 pub(crate) fn applies(m: usize, n: usize, k: usize) -> bool {
@@ -54,30 +85,22 @@ thread_local! {
 }
 
 /// `c[m×n] (+)= a[m×k] @ b[k×n]`, single-threaded: added to `c`'s values where `accumulate`,
-/// else stored over them. `c` is given as its first element and row stride (its columns
-/// contiguous).
+/// else stored over them, then `finish`ed. `c` is given as its first element and row stride
+/// (its columns contiguous).
 ///
 /// # Safety
 /// The CPU must have AVX-512F ([`applies`]). `a` and `b` must address matrices of these shapes,
 /// `c` an `m × n` matrix with rows `ldc` apart, not overlapping them, and no other thread may
-/// touch `c`'s elements during the call.
+/// touch `c`'s elements during the call; `finish`'s operands must hold what it says.
 pub(crate) unsafe fn sgemm(
     [m, n, k]: [usize; 3],
     a: Strided,
     b: Strided,
     (c, ldc): (*mut f32, usize),
     accumulate: bool,
+    finish: &Finish,
 ) {
     if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            for i in 0..m {
-                // SAFETY: row i of `c`, as the caller vouches.
-                unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0) };
-            }
-        }
         return;
     }
     let kc_max = KC.min(k);
@@ -94,11 +117,14 @@ pub(crate) unsafe fn sgemm(
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
             let panels = nc.div_ceil(NR);
-            for pc in (0..k).step_by(KC) {
+            // A product of no steps still stores (or keeps) and finishes its output, through
+            // one block of none.
+            for pc in (0..k.max(1)).step_by(KC) {
                 let kc = KC.min(k - pc);
                 // SAFETY: the block lies within `b`, as the caller vouches.
                 unsafe { pack(b, pc..pc + kc, jc..jc + nc, packed) };
                 let add = accumulate || pc > 0;
+                let last = pc + kc == k && !finish.is_empty();
                 for ir in (0..m).step_by(MR) {
                     let rows = MR.min(m - ir);
                     // SAFETY: rows ir.. and steps pc.. lie within `a`; the panels within
@@ -107,7 +133,7 @@ pub(crate) unsafe fn sgemm(
                         let a_at = a.ptr.add(ir * a.rs + pc * a.cs);
                         for panel in 0..panels {
                             let cols = NR.min(nc - panel * NR);
-                            let dst = c.add(ir * ldc + jc + panel * NR);
+                            let at = ir * ldc + jc + panel * NR;
                             let b_at = packed.as_ptr().add(panel * kc * NR);
                             let tile = Tile {
                                 a: a_at,
@@ -115,12 +141,15 @@ pub(crate) unsafe fn sgemm(
                                 a_cs: a.cs,
                                 b: b_at,
                                 kc,
-                                c: dst,
+                                c: c.add(at),
                                 ldc,
                                 cols,
                                 add,
                             };
-                            dispatch(rows, cols.div_ceil(16), &tile);
+                            match last.then(|| finish.at(ir, at)) {
+                                None => dispatch(rows, cols.div_ceil(16), &tile),
+                                Some(f) => finished(rows, &tile, &f),
+                            }
                         }
                     }
                 }
@@ -214,15 +243,55 @@ unsafe fn dispatch(rows: usize, vectors: usize, t: &Tile) {
     }
 }
 
-/// `R` rows × `V` vectors of a panel: the sums in `R V` registers over all steps, then added
-/// to (or stored over) the output, a last partial vector through a mask.
+/// A tile of the last block of steps, finished: a whole one in registers where its activation
+/// is none or ReLU ([`kernel_finished`]), else stored and then finished in L1 by the epilogue
+/// a pass over the output would run.
 ///
 /// # Safety
-/// The CPU must have AVX-512F; `t` must address valid operands as [`sgemm`] describes, its
-/// valid columns within the `V` vectors.
+/// As for [`kernel`]; `f`'s operands at the tile's first row and element.
+unsafe fn finished(rows: usize, t: &Tile, f: &Finish) {
+    let relu = match f.activation {
+        None => Some(false),
+        Some(Activation::Relu) => Some(true),
+        Some(_) => None,
+    };
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match (rows, t.cols, relu, f.residual.is_some()) {
+            (MR, NR, Some(false), false) => kernel_finished::<false, false>(t, f),
+            (MR, NR, Some(false), true) => kernel_finished::<false, true>(t, f),
+            (MR, NR, Some(true), false) => kernel_finished::<true, false>(t, f),
+            (MR, NR, Some(true), true) => kernel_finished::<true, true>(t, f),
+            _ => {
+                dispatch(rows, t.cols.div_ceil(16), t);
+                for i in 0..rows {
+                    let row = std::slice::from_raw_parts_mut(t.c.add(i * t.ldc), t.cols);
+                    let residual = f
+                        .residual
+                        .map(|r| std::slice::from_raw_parts(r.add(i * t.ldc), t.cols));
+                    let tail = Tail {
+                        bias: f
+                            .row_bias
+                            .map_or(RowBias::None, |b| RowBias::Same(*b.add(i))),
+                        scale: RowBias::None,
+                        residual,
+                        activation: f.activation,
+                    };
+                    epilogue(row, tail);
+                }
+            }
+        }
+    }
+}
+
+/// The sums of `R` rows × `V` vectors of a panel over all steps, in `R V` registers. Always
+/// inlined into the kernels, whose features it takes.
+///
+/// # Safety
+/// As for [`kernel`].
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn kernel<const R: usize, const V: usize>(t: &Tile) {
+#[inline(always)]
+unsafe fn sums<const R: usize, const V: usize>(t: &Tile) -> [[__m512; V]; R] {
     // SAFETY: in bounds as the caller vouches.
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); V]; R];
@@ -239,6 +308,74 @@ unsafe fn kernel<const R: usize, const V: usize>(t: &Tile) {
             a = a.add(t.a_cs);
             b = b.add(NR);
         }
+        acc
+    }
+}
+
+/// A whole tile ([`MR`] rows × [`NR`] columns) of the last block of steps: its sums, plus the
+/// output's values where the tile adds, plus the row's bias, plus the residual (`RES`), through
+/// ReLU (`RELU`), stored.
+///
+/// # Safety
+/// As for [`kernel`]; `f`'s operands at the tile's first row and element.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel_finished<const RELU: bool, const RES: bool>(t: &Tile, f: &Finish) {
+    // SAFETY: in bounds as the caller vouches.
+    unsafe {
+        let residual = f.residual.unwrap_or(std::ptr::null());
+        if RES {
+            // The residual's lines, asked for now, arrive while the sums run.
+            for i in 0..MR {
+                for v in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>(residual.add(i * t.ldc + 16 * v).cast::<i8>());
+                }
+            }
+        }
+        let acc = sums::<MR, 4>(t);
+        for (i, row) in acc.iter().enumerate() {
+            let bias = _mm512_set1_ps(f.row_bias.map_or(0.0, |b| *b.add(i)));
+            for (v, &sum) in row.iter().enumerate() {
+                let at = i * t.ldc + 16 * v;
+                let dst = t.c.add(at);
+                let mut value = if t.add {
+                    _mm512_add_ps(_mm512_loadu_ps(dst), sum)
+                } else {
+                    sum
+                };
+                if f.row_bias.is_some() {
+                    value = _mm512_add_ps(value, bias);
+                }
+                if RES {
+                    value = _mm512_add_ps(value, _mm512_loadu_ps(residual.add(at)));
+                }
+                if RELU {
+                    // `x < 0 ? 0 : x`, NaN and -0 kept, as the IR's `relu`.
+                    let zero = _mm512_setzero_ps();
+                    value = _mm512_mask_mov_ps(
+                        value,
+                        _mm512_cmp_ps_mask::<_CMP_LT_OQ>(value, zero),
+                        zero,
+                    );
+                }
+                _mm512_storeu_ps(dst, value);
+            }
+        }
+    }
+}
+
+/// `R` rows × `V` vectors of a panel: the sums in `R V` registers over all steps, then added
+/// to (or stored over) the output, a last partial vector through a mask.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `t` must address valid operands as [`sgemm`] describes, its
+/// valid columns within the `V` vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel<const R: usize, const V: usize>(t: &Tile) {
+    // SAFETY: in bounds as the caller vouches.
+    unsafe {
+        let acc = sums::<R, V>(t);
         for (i, row) in acc.iter().enumerate() {
             let dst = t.c.add(i * t.ldc);
             for (v, &sum) in row.iter().enumerate() {
@@ -270,6 +407,11 @@ unsafe fn kernel<const R: usize, const V: usize>(t: &Tile) {
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn kernel<const R: usize, const V: usize>(_: &Tile) {
+    unreachable!("`applies` is false without AVX-512")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn kernel_finished<const RELU: bool, const RES: bool>(_: &Tile, _: &Finish) {
     unreachable!("`applies` is false without AVX-512")
 }
 
@@ -349,7 +491,16 @@ mod tests {
                 let start: Vec<f32> = (0..m * ldc).map(|i| (i % 5) as f32 * 0.25).collect();
                 let mut c = start.clone();
                 // SAFETY: the operands above, and the CPU checked.
-                unsafe { sgemm([m, n, k], a, b, (c.as_mut_ptr(), ldc), accumulate) };
+                unsafe {
+                    sgemm(
+                        [m, n, k],
+                        a,
+                        b,
+                        (c.as_mut_ptr(), ldc),
+                        accumulate,
+                        &Finish::default(),
+                    )
+                };
                 let want = reference(m, n, k, a, b);
                 for i in 0..m {
                     for j in 0..ldc {
@@ -370,6 +521,84 @@ mod tests {
                             "{m}x{n}x{k} ta={ta} tb={tb} at ({i}, {j}): {got} against {expect}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// The finish in registers (bias per row, residual, ReLU or none; whole tiles, edge tiles,
+    /// several blocks of steps, a product of no steps) gives bit for bit what storing the product
+    /// and running the epilogue pass over it gives, NaN, infinities and signed zeros included;
+    /// the other activations take the stored-then-finished route, also bit for bit.
+    #[test]
+    fn a_finished_product_is_the_product_then_its_epilogue() {
+        if !applies(1, 16, 1) {
+            eprintln!(
+                "SKIPPED a_finished_product_is_the_product_then_its_epilogue: the CPU lacks AVX-512"
+            );
+            return;
+        }
+        let activations = [
+            None,
+            Some(Activation::Relu),
+            Some(Activation::Sigmoid),
+            Some(Activation::Relu),
+        ];
+        for (case, &(m, n, k)) in [
+            (12, 128, 64),
+            (13, 100, 37),
+            (6, 64, 700),
+            (7, 70, 0),
+            (1, 16, 3),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let (av, bv) = (values(m * k, 3), values(k * n, 4));
+            let (a, b) = (strided(&av, m, k, false), strided(&bv, k, n, false));
+            let mut bias = values(m, 5);
+            let mut residual = values(m * n, 6);
+            bias[0] = -0.0;
+            residual[1] = f32::NAN;
+            residual[2] = f32::NEG_INFINITY;
+            residual[n.min(3)] = -0.0;
+            for (which, &activation) in activations.iter().enumerate() {
+                let finish = Finish {
+                    row_bias: (which != 1).then_some(bias.as_ptr()),
+                    residual: (which >= 1).then_some(residual.as_ptr()),
+                    activation,
+                };
+                let mut got = vec![0.0f32; m * n];
+                let mut want = vec![0.0f32; m * n];
+                // SAFETY: the operands above, and the CPU checked.
+                unsafe {
+                    sgemm([m, n, k], a, b, (got.as_mut_ptr(), n), false, &finish);
+                    sgemm(
+                        [m, n, k],
+                        a,
+                        b,
+                        (want.as_mut_ptr(), n),
+                        false,
+                        &Finish::default(),
+                    );
+                }
+                for (i, row) in want.chunks_mut(n).enumerate() {
+                    let tail = Tail {
+                        bias: finish
+                            .row_bias
+                            .map_or(RowBias::None, |_| RowBias::Same(bias[i])),
+                        scale: RowBias::None,
+                        residual: finish.residual.map(|_| &residual[i * n..][..n]),
+                        activation,
+                    };
+                    epilogue(row, tail);
+                }
+                for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        w.to_bits(),
+                        "case {case}, finish {which}, element {j}: {g} against {w}"
+                    );
                 }
             }
         }
@@ -405,6 +634,7 @@ mod tests {
                 },
                 (c.as_mut_ptr(), n),
                 false,
+                &Finish::default(),
             )
         };
         for i in 0..m {
