@@ -723,6 +723,29 @@ fn structured_programs() -> Vec<(String, usize)> {
             55,
         ),
         conv("nhwc", "[1, 9, 10, 32]", "[16, 16, 3, 3]", 2, "[16]", 144),
+        // f32 NCHW 1×1 convolutions on kfuse's GEMM with their epilogue in registers: whole
+        // tiles of 6 channels × 64 positions and edge tiles (20 channels: three blocks of six
+        // and one of two; 225 positions: three panels and one of 33), a bias, a residual and
+        // ReLU, and a bias and ReLU alone.
+        (
+            "%x = input() name=\"x\" : f32[2, 24, 16, 16]\n\
+             %w = input() name=\"w\" : f32[20, 24, 1, 1]\n\
+             %b = input() name=\"b\" : f32[20, 1, 1]\n\
+             %r = input() name=\"r\" : f32[2, 20, 16, 16]\n\
+             %c = conv2d(%x, %w) layout=nchw stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n\
+             %s = add(%c, %b)\n%t = add(%s, %r)\n%y = relu(%t)\noutput \"y\" = %y\n"
+                .to_string(),
+            26,
+        ),
+        (
+            "%x = input() name=\"x\" : f32[1, 32, 15, 15]\n\
+             %w = input() name=\"w\" : f32[20, 32, 1, 1]\n\
+             %b = input() name=\"b\" : f32[20, 1, 1]\n\
+             %c = conv2d(%x, %w) layout=nchw stride=[1, 1] padding=[0, 0, 0, 0] dilation=[1, 1] groups=1\n\
+             %s = add(%c, %b)\n%y = relu(%s)\noutput \"y\" = %y\n"
+                .to_string(),
+            33,
+        ),
     ]
 }
 
