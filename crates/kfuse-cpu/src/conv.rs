@@ -554,7 +554,18 @@ impl Route {
 pub fn routine(x: &[usize], w: &[usize], attrs: &Conv2dAttrs, y: &[usize], dtype: DType) -> String {
     let g = Geometry::new(x, w, attrs, y);
     let f32 = matches!(dtype, DType::F32 | DType::F16 | DType::BF16);
-    let what = Route::of(&g, f32).describe(&g);
+    let route = Route::of(&g, f32);
+    let mut what = route.describe(&g);
+    // The GEMM routes name their GEMM, and where the epilogue runs.
+    if matches!(route, Route::Shifted | Route::Im2col) {
+        what += match (f32 && crate::dense::has_avx512(), g.layout, route) {
+            (true, Layout::Nchw, Route::Im2col) => {
+                " on kfuse's f32 GEMM, a bias, residual and ReLU applied in its registers"
+            }
+            (true, ..) => " on kfuse's f32 GEMM",
+            (false, ..) => " on the `gemm` crate",
+        };
+    }
     if matches!(dtype, DType::F16 | DType::BF16) {
         format!("{what}, on the operands widened to f32, each step rounded to {dtype}")
     } else {
@@ -1302,8 +1313,8 @@ mod reference {
 
 #[cfg(test)]
 mod routes {
-    use super::{Geometry, Route};
-    use kfuse_ir::{Conv2dAttrs, Layout};
+    use super::{routine, Geometry, Route};
+    use kfuse_ir::{Conv2dAttrs, DType, Layout};
 
     fn route(n: usize, c: usize, co: usize, hw: usize, k: usize, s: usize) -> Route {
         let p = k / 2;
@@ -1374,5 +1385,33 @@ mod routes {
         assert_eq!(route(8, 64, 128, 56, 1, 2), Route::Pointwise);
         assert_eq!(route(8, 512, 1024, 28, 1, 2), Route::Pointwise);
         assert_eq!(route(8, 1024, 2048, 14, 1, 2), Route::Direct);
+    }
+
+    /// `kfuse explain` names the GEMM a GEMM route runs on, and where its epilogue runs: in
+    /// the registers of kfuse's f32 GEMM for NCHW im2col (and 1×1) convolutions on AVX-512,
+    /// on the `gemm` crate for f64.
+    #[test]
+    fn gemm_routes_name_their_gemm() {
+        let attrs = Conv2dAttrs {
+            layout: Layout::Nchw,
+            stride: [1, 1],
+            padding: [0; 4],
+            dilation: [1, 1],
+            groups: 1,
+        };
+        let (x, w, y) = ([8, 64, 16, 16], [128, 64, 1, 1], [8, 128, 16, 16]);
+        let f64_route = routine(&x, &w, &attrs, &y, DType::F64);
+        assert!(f64_route.ends_with("on the `gemm` crate"), "{f64_route}");
+        let f32_route = routine(&x, &w, &attrs, &y, DType::F32);
+        if crate::dense::has_avx512() {
+            assert!(
+                f32_route.ends_with(
+                    "on kfuse's f32 GEMM, a bias, residual and ReLU applied in its registers"
+                ),
+                "{f32_route}"
+            );
+        } else {
+            assert!(f32_route.ends_with("on the `gemm` crate"), "{f32_route}");
+        }
     }
 }
