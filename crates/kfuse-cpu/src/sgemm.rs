@@ -25,6 +25,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use crate::dense::{epilogue, Activation, RowBias, Tail};
+use crate::simd::InRegisters;
 
 /// Rows of a microkernel block.
 const MR: usize = 6;
@@ -317,9 +318,10 @@ unsafe fn sums<const R: usize, const V: usize>(t: &Tile) -> [[__m512; V]; R] {
 /// ReLU (`RELU`), stored.
 ///
 /// # Safety
-/// As for [`kernel`]; `f`'s operands at the tile's first row and element.
+/// As for [`kernel`], and the CPU must have AVX-512DQ too ([`applies`] checks both); `f`'s
+/// operands at the tile's first row and element.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512dq")]
 unsafe fn kernel_finished<const RELU: bool, const RES: bool>(t: &Tile, f: &Finish) {
     // SAFETY: in bounds as the caller vouches.
     unsafe {
@@ -350,13 +352,7 @@ unsafe fn kernel_finished<const RELU: bool, const RES: bool>(t: &Tile, f: &Finis
                     value = _mm512_add_ps(value, _mm512_loadu_ps(residual.add(at)));
                 }
                 if RELU {
-                    // `x < 0 ? 0 : x`, NaN and -0 kept, as the IR's `relu`.
-                    let zero = _mm512_setzero_ps();
-                    value = _mm512_mask_mov_ps(
-                        value,
-                        _mm512_cmp_ps_mask::<_CMP_LT_OQ>(value, zero),
-                        zero,
-                    );
+                    value = InRegisters::Relu.apply(value);
                 }
                 _mm512_storeu_ps(dst, value);
             }
