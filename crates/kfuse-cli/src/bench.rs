@@ -10,6 +10,11 @@
 //! is paired: each timed fused run is followed by a triad run, and the median of the runs'
 //! fractions is reported (with the median of those triads), because this machine's bandwidth
 //! drifts by up to 2x within minutes.
+//!
+//! W5-W7 (structured ops: GEMMs and convolutions with fused neighbours) are bound by arithmetic
+//! rather than memory. Their rooflines take W0's FMA peak and triad measured in the same run
+//! (`Roof`): each reports its GFLOP/s and share of the peak, and W6a the least time its block
+//! could take fused and unfused at those limits, which bounds the speedup fusion can give it.
 
 use std::time::Instant;
 
@@ -160,6 +165,56 @@ impl Triad {
             self.buffers.iter().map(storage_ptr).collect(),
         );
         self.bytes as f64 / start.elapsed().as_secs_f64() / 1e9
+    }
+}
+
+/// This machine's limits for the rooflines of the structured workloads (W5-W7), measured in the
+/// same run as they are: W0's f32 FMA peak on the pool's threads and its triad with streaming
+/// stores, the median of five runs each.
+#[derive(Clone, Copy, Debug)]
+struct Roof {
+    gflop_per_s: f64,
+    gb_per_s: f64,
+}
+
+impl Roof {
+    /// Both limits, or none where the FMA peak cannot be measured (see `peak::isa`).
+    fn measure(compiler: &Compiler, threads: usize, quick: bool) -> Result<Option<Roof>> {
+        let iters = if quick { 1 << 20 } else { 1 << 24 };
+        let Ok(gflop_per_s) = crate::peak::gflops(threads, iters, 5) else {
+            return Ok(None);
+        };
+        let triad = Triad::new(compiler, (32 << 20) / if quick { 16 } else { 1 })?;
+        let gb_per_s = median((0..5).map(|_| triad.gb_per_s()).collect());
+        Ok(Some(Roof {
+            gflop_per_s,
+            gb_per_s,
+        }))
+    }
+
+    /// The least time, in ms, of a step that does `flops` of arithmetic and moves `bytes` to
+    /// and from memory: whichever of the two takes longer at these limits.
+    fn floor_ms(&self, flops: f64, bytes: f64) -> f64 {
+        (flops / 1e9 / self.gflop_per_s).max(bytes / 1e9 / self.gb_per_s) * 1e3
+    }
+
+    /// W6a's block (`n` images of `c` channels, `hw` square, 3×3 depthwise then 1×1 to `co`, f32)
+    /// at the rooflines, fused (the input read and the output written once) and unfused (the
+    /// depthwise output written and read back between the two halves), in ms.
+    fn separable_floors(&self, n: usize, c: usize, co: usize, hw: usize) -> (f64, f64) {
+        let pixels = (n * hw * hw) as f64;
+        let (depthwise, pointwise) = (
+            2.0 * 9.0 * pixels * c as f64,
+            2.0 * pixels * (c * co) as f64,
+        );
+        let (x, middle, y) = (
+            4.0 * pixels * c as f64,
+            4.0 * pixels * c as f64,
+            4.0 * pixels * co as f64,
+        );
+        let fused = self.floor_ms(depthwise + pointwise, x + y);
+        let unfused = self.floor_ms(depthwise, x + middle) + self.floor_ms(pointwise, middle + y);
+        (fused, unfused)
     }
 }
 
@@ -449,8 +504,23 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
         results.push(row);
     }
     report["workloads"] = json!(results);
+    let structured = ["W5a", "W5b", "W6a", "W6b", "W7"];
+    let roof = if only.is_empty() || only.iter().any(|o| structured.contains(&o.as_str())) {
+        Roof::measure(&compiler, threads, quick)?
+    } else {
+        None
+    };
+    if let Some(roof) = roof {
+        report["roof"] = json!({"gflop_per_s": roof.gflop_per_s, "gb_per_s": roof.gb_per_s});
+        if !as_json {
+            println!(
+                "\nRooflines of W5-W7, measured now: f32 FMA peak {:.0} GFLOP/s, triad {:.1} GB/s ({threads} thread(s))",
+                roof.gflop_per_s, roof.gb_per_s
+            );
+        }
+    }
     if only.is_empty() || only.iter().any(|o| o == "W5a" || o == "W5b") {
-        report["gemm_epilogues"] = gemm_epilogues(&cache, runs, scale, as_json, only)?;
+        report["gemm_epilogues"] = gemm_epilogues(&cache, runs, scale, as_json, only, roof)?;
     }
     if only.is_empty()
         || only.iter().any(|o| {
@@ -463,7 +533,7 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
                 || o.starts_with("resnet")
         })
     {
-        report["convolutions"] = conv_workloads(&cache, runs, quick, as_json, only)?;
+        report["convolutions"] = conv_workloads(&cache, runs, quick, as_json, only, roof)?;
     }
     if only.is_empty() || only.iter().any(|o| o == "activations") {
         report["activations"] = activation_case(&cache, runs, quick, as_json)?;
@@ -756,6 +826,7 @@ fn gemm_epilogues(
     scale: usize,
     as_json: bool,
     only: &[String],
+    roof: Option<Roof>,
 ) -> Result<serde_json::Value> {
     let (m, k, n) = (1024 / scale.min(16), 1024, 4096);
     let dense = |a: &str, w: &str, b: &str, kk: usize, nn: usize| {
@@ -775,17 +846,36 @@ fn gemm_epilogues(
         .collect::<Result<Vec<_>>>()?;
     let ms = interleaved_ms(&cases, runs)?;
     let mut rows = Vec::new();
-    for (id, ms, bare_ms) in [("W5a", ms[1], ms[0]), ("W5b", ms[3], ms[0] + ms[2])] {
+    // Arithmetic and memory traffic: the GEMMs' multiply-adds; the operands read and the
+    // outputs written once (W5b's hidden layer written and read back: it is not fused away).
+    let (x, w, h) = ((4 * m * k) as f64, (4 * k * n) as f64, (4 * m * n) as f64);
+    let flops = (2 * m * k * n) as f64;
+    for (id, ms, bare_ms, flops, bytes) in [
+        ("W5a", ms[1], ms[0], flops, x + w + h),
+        (
+            "W5b",
+            ms[3],
+            ms[0] + ms[2],
+            2.0 * flops,
+            x + 2.0 * w + 2.0 * h + x,
+        ),
+    ] {
         if !only.is_empty() && !only.iter().any(|o| o == id) {
             continue;
         }
+        let floor = roof.map(|r| r.floor_ms(flops, bytes));
         if !as_json {
             println!(
-                "{id}: {ms:.2} ms, bare GEMM(s) {bare_ms:.2} ms, ratio {:.3}",
-                ms / bare_ms
+                "{id}: {ms:.2} ms, bare GEMM(s) {bare_ms:.2} ms, ratio {:.3}{}",
+                ms / bare_ms,
+                floor.map_or(String::new(), |f| format!(
+                    "; {:.0} GFLOP/s, {:.0}% of the FMA peak",
+                    flops / ms / 1e6,
+                    100.0 * f / ms
+                ))
             );
         }
-        rows.push(json!({"id": id, "ms": ms, "bare_gemm_ms": bare_ms, "ratio": ms / bare_ms}));
+        rows.push(json!({"id": id, "ms": ms, "bare_gemm_ms": bare_ms, "ratio": ms / bare_ms, "floor_ms": floor}));
     }
     Ok(json!(rows))
 }
@@ -917,6 +1007,7 @@ fn conv_workloads(
     quick: bool,
     as_json: bool,
     only: &[String],
+    roof: Option<Roof>,
 ) -> Result<serde_json::Value> {
     let cx = kfuse::Context::new();
     cx.set_seed(11);
@@ -954,17 +1045,42 @@ fn conv_workloads(
         ];
         let ms = interleaved_ms(&cases, runs)?;
         let (fused, unfused, w6b) = (ms[0], ms[1], ms[2]);
+        let floors = roof.map(|r| r.separable_floors(n, 64, 128, hw6));
+        // W6b: the direct convolution's multiply-adds (Winograd does fewer, so this share can
+        // pass 100%), its input read and output written once.
+        let pixels = (n * hw6 * hw6) as f64;
+        let w6b_flops = 2.0 * pixels * (128 * 64 * 9) as f64;
+        let w6b_floor = roof.map(|r| r.floor_ms(w6b_flops, 4.0 * pixels * (64 + 128) as f64));
         if !as_json {
             println!(
                 "W6a: fused {fused:.2} ms, unfused {unfused:.2} ms ({:.2}x); W6b standard 3x3: {w6b:.2} ms ({:.2}x the fused W6a)",
                 unfused / fused,
                 w6b / fused
             );
+            if let (Some((fused_floor, unfused_floor)), Some(w6b_floor)) = (floors, w6b_floor) {
+                println!(
+                    "  at the rooflines W6a fused takes at least {fused_floor:.2} ms, unfused {unfused_floor:.2} ms \
+                     ({:.2}x at best), measured at {:.0}% and {:.0}% of those floors; \
+                     W6b {:.0} GFLOP/s as direct arithmetic, {:.0}% of the FMA peak",
+                    unfused_floor / fused_floor,
+                    100.0 * fused_floor / fused,
+                    100.0 * unfused_floor / unfused,
+                    w6b_flops / w6b / 1e6,
+                    100.0 * w6b_floor / w6b
+                );
+            }
         }
+        rows.push(json!({
+            "id": "W6a",
+            "ms": fused,
+            "unfused_ms": unfused,
+            "speedup": unfused / fused,
+            "floor_ms": floors.map(|f| f.0),
+            "unfused_floor_ms": floors.map(|f| f.1),
+        }));
         rows.push(
-            json!({"id": "W6a", "ms": fused, "unfused_ms": unfused, "speedup": unfused / fused}),
+            json!({"id": "W6b", "ms": w6b, "ratio_to_w6a": w6b / fused, "floor_ms": w6b_floor}),
         );
-        rows.push(json!({"id": "W6b", "ms": w6b, "ratio_to_w6a": w6b / fused}));
     }
     if wanted("mobilenet") {
         // W6a's shape as MobileNet runs it, batchnorms folded: each half with its own
@@ -1223,13 +1339,23 @@ fn conv_workloads(
         ];
         let ms = interleaved_ms(&cases, runs)?;
         let (bare_ms, w7) = (ms[0], ms[1]);
+        // The direct convolution's multiply-adds (Winograd does fewer, so this share can pass
+        // 100%), its input read and output written once.
+        let pixels = (n * hw7 * hw7) as f64;
+        let flops = 2.0 * pixels * (c * c * 9) as f64;
+        let floor = roof.map(|r| r.floor_ms(flops, 8.0 * pixels * c as f64));
         if !as_json {
             println!(
-                "W7: conv + batchnorm + relu {w7:.2} ms, bare conv {bare_ms:.2} ms, ratio {:.3}",
-                w7 / bare_ms
+                "W7: conv + batchnorm + relu {w7:.2} ms, bare conv {bare_ms:.2} ms, ratio {:.3}{}",
+                w7 / bare_ms,
+                floor.map_or(String::new(), |f| format!(
+                    "; {:.0} GFLOP/s as direct arithmetic, {:.0}% of the FMA peak",
+                    flops / w7 / 1e6,
+                    100.0 * f / w7
+                ))
             );
         }
-        rows.push(json!({"id": "W7", "ms": w7, "bare_conv_ms": bare_ms, "ratio": w7 / bare_ms}));
+        rows.push(json!({"id": "W7", "ms": w7, "bare_conv_ms": bare_ms, "ratio": w7 / bare_ms, "floor_ms": floor}));
     }
     Ok(json!(rows))
 }
@@ -1240,6 +1366,35 @@ mod tests {
 
     fn array(values: Vec<f64>) -> Array {
         Array::from_vec(vec![values.len()], values).unwrap()
+    }
+
+    /// The floors are the slower of arithmetic and memory at the limits: W6a's shape on a
+    /// machine of 500 GFLOP/s and 50 GB/s is bound by arithmetic fused (3.5 ms for 1.76 GFLOP)
+    /// and, unfused, its depthwise half by memory (51 MB in 1.03 ms) and its pointwise half by
+    /// arithmetic (3.29 ms).
+    #[test]
+    fn roofline_floors_take_the_slower_limit() {
+        let roof = Roof {
+            gflop_per_s: 500.0,
+            gb_per_s: 50.0,
+        };
+        assert_eq!(roof.floor_ms(1e9, 1e6), 2.0);
+        assert_eq!(roof.floor_ms(1e6, 1e9), 20.0);
+        let (fused, unfused) = roof.separable_floors(8, 64, 128, 112);
+        let pixels = 8.0 * 112.0 * 112.0;
+        let (depthwise, pointwise) = (pixels * 64.0 * 18.0, pixels * 64.0 * 128.0 * 2.0);
+        assert!(
+            (fused - (depthwise + pointwise) / 500e6).abs() < 1e-9,
+            "{fused}"
+        );
+        let memory = pixels * 4.0 * 128.0 / 50e6;
+        let want = memory + pointwise / 500e6;
+        assert!((unfused - want).abs() < 1e-9, "{unfused} against {want}");
+        assert!(
+            (1.2..1.25).contains(&(unfused / fused)),
+            "{}",
+            unfused / fused
+        );
     }
 
     #[test]

@@ -847,6 +847,34 @@ fn bench_quick_reports_every_workload() {
             "{id} missing"
         );
     }
+    // W5-W7's rooflines: the limits measured in the run, and each workload's floor under its
+    // time; W6a's fused floor under its unfused one.
+    let structured = |id: &str| {
+        let rows = [&report["gemm_epilogues"], &report["convolutions"]];
+        rows.iter()
+            .flat_map(|r| r.as_array().unwrap().iter())
+            .find(|r| r["id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} missing"))
+    };
+    if fma["rows"].is_array() {
+        let roof = &report["roof"];
+        for limit in ["gflop_per_s", "gb_per_s"] {
+            let v = roof[limit].as_f64().unwrap_or(0.0);
+            assert!(v.is_finite() && v > 0.0, "{roof}");
+        }
+        for id in ["W5a", "W5b", "W6a", "W6b", "W7"] {
+            let row = structured(id);
+            let floor = row["floor_ms"].as_f64().expect("a floor");
+            assert!(floor > 0.0 && floor.is_finite(), "{row}");
+        }
+        let w6a = structured("W6a");
+        let (fused, unfused) = (
+            w6a["floor_ms"].as_f64().unwrap(),
+            w6a["unfused_floor_ms"].as_f64().unwrap(),
+        );
+        assert!(fused < unfused, "{w6a}");
+    }
     for id in [
         "W6a",
         "W6b",
