@@ -55,6 +55,10 @@ pub(crate) struct Finish {
     /// An `m × n` matrix with the output's row stride.
     pub residual: Option<*const f32>,
     pub activation: Option<Activation>,
+    /// Whole tiles of the last block of steps stored non-temporally: an output too large to
+    /// stay in cache for its consumer, whose lines need not be read for ownership first. The
+    /// output must then start on a cache line, its rows a whole number of lines apart.
+    pub stream: bool,
 }
 
 impl Finish {
@@ -69,6 +73,7 @@ impl Finish {
             row_bias: self.row_bias.map(|b| b.wrapping_add(i)),
             residual: self.residual.map(|r| r.wrapping_add(at)),
             activation: self.activation,
+            stream: self.stream,
         }
     }
 }
@@ -104,6 +109,11 @@ pub(crate) unsafe fn sgemm(
     if m == 0 || n == 0 {
         return;
     }
+    // Streamed only where every whole tile's rows start on cache lines.
+    let finish = &Finish {
+        stream: finish.stream && (c as usize).is_multiple_of(64) && ldc.is_multiple_of(16),
+        ..*finish
+    };
     let kc_max = KC.min(k);
     let nc_max = NC.min(n).div_ceil(NR) * NR;
     PACKED.with(|cell| {
@@ -125,7 +135,7 @@ pub(crate) unsafe fn sgemm(
                 // SAFETY: the block lies within `b`, as the caller vouches.
                 unsafe { pack(b, pc..pc + kc, jc..jc + nc, packed) };
                 let add = accumulate || pc > 0;
-                let last = pc + kc == k && !finish.is_empty();
+                let last = pc + kc == k && (!finish.is_empty() || finish.stream);
                 for ir in (0..m).step_by(MR) {
                     let rows = MR.min(m - ir);
                     // SAFETY: rows ir.. and steps pc.. lie within `a`; the panels within
@@ -157,6 +167,14 @@ pub(crate) unsafe fn sgemm(
             }
         }
     });
+    if finish.stream {
+        // SAFETY: SSE is baseline on x86-64. Orders the streamed stores before the caller
+        // reports its task done.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            _mm_sfence()
+        };
+    }
 }
 
 /// Steps `steps` of columns `cols` of `b` into `packed`, as panels of [`NR`] columns (each
@@ -259,10 +277,16 @@ unsafe fn finished(rows: usize, t: &Tile, f: &Finish) {
     // SAFETY: forwarded from the caller.
     unsafe {
         match (rows, t.cols, relu, f.residual.is_some()) {
-            (MR, NR, Some(false), false) => kernel_finished::<false, false>(t, f),
-            (MR, NR, Some(false), true) => kernel_finished::<false, true>(t, f),
-            (MR, NR, Some(true), false) => kernel_finished::<true, false>(t, f),
-            (MR, NR, Some(true), true) => kernel_finished::<true, true>(t, f),
+            (MR, NR, Some(relu), residual) => match (relu, residual, f.stream) {
+                (false, false, false) => kernel_finished::<false, false, false>(t, f),
+                (false, true, false) => kernel_finished::<false, true, false>(t, f),
+                (true, false, false) => kernel_finished::<true, false, false>(t, f),
+                (true, true, false) => kernel_finished::<true, true, false>(t, f),
+                (false, false, true) => kernel_finished::<false, false, true>(t, f),
+                (false, true, true) => kernel_finished::<false, true, true>(t, f),
+                (true, false, true) => kernel_finished::<true, false, true>(t, f),
+                (true, true, true) => kernel_finished::<true, true, true>(t, f),
+            },
             _ => {
                 dispatch(rows, t.cols.div_ceil(16), t);
                 for i in 0..rows {
@@ -322,7 +346,10 @@ unsafe fn sums<const R: usize, const V: usize>(t: &Tile) -> [[__m512; V]; R] {
 /// operands at the tile's first row and element.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq")]
-unsafe fn kernel_finished<const RELU: bool, const RES: bool>(t: &Tile, f: &Finish) {
+unsafe fn kernel_finished<const RELU: bool, const RES: bool, const STREAM: bool>(
+    t: &Tile,
+    f: &Finish,
+) {
     // SAFETY: in bounds as the caller vouches.
     unsafe {
         let residual = f.residual.unwrap_or(std::ptr::null());
@@ -354,7 +381,11 @@ unsafe fn kernel_finished<const RELU: bool, const RES: bool>(t: &Tile, f: &Finis
                 if RELU {
                     value = InRegisters::Relu.apply(value);
                 }
-                _mm512_storeu_ps(dst, value);
+                if STREAM {
+                    _mm512_stream_ps(dst, value);
+                } else {
+                    _mm512_storeu_ps(dst, value);
+                }
             }
         }
     }
@@ -407,7 +438,10 @@ unsafe fn kernel<const R: usize, const V: usize>(_: &Tile) {
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn kernel_finished<const RELU: bool, const RES: bool>(_: &Tile, _: &Finish) {
+unsafe fn kernel_finished<const RELU: bool, const RES: bool, const STREAM: bool>(
+    _: &Tile,
+    _: &Finish,
+) {
     unreachable!("`applies` is false without AVX-512")
 }
 
@@ -559,12 +593,17 @@ mod tests {
             residual[2] = f32::NEG_INFINITY;
             residual[n.min(3)] = -0.0;
             for (which, &activation) in activations.iter().enumerate() {
+                // The third finish streams its whole tiles (rows of 16-multiple widths, the
+                // output on a cache line).
                 let finish = Finish {
                     row_bias: (which != 1).then_some(bias.as_ptr()),
                     residual: (which >= 1).then_some(residual.as_ptr()),
                     activation,
+                    stream: which == 3,
                 };
-                let mut got = vec![0.0f32; m * n];
+                let mut buffer = vec![0.0f32; m * n + 16];
+                let line = buffer.as_ptr().align_offset(64);
+                let got = &mut buffer[line..][..m * n];
                 let mut want = vec![0.0f32; m * n];
                 // SAFETY: the operands above, and the CPU checked.
                 unsafe {
