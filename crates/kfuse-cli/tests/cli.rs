@@ -847,8 +847,8 @@ fn bench_quick_reports_every_workload() {
             "{id} missing"
         );
     }
-    // W5-W7's rooflines: the limits measured in the run, and each workload's floor under its
-    // time; W6a's fused floor under its unfused one.
+    // W5-W7's rooflines: the limits measured in the run, a floor for each workload, and
+    // W6a's fused floor no higher than its unfused one.
     let structured = |id: &str| {
         let rows = [&report["gemm_epilogues"], &report["convolutions"]];
         rows.iter()
@@ -873,7 +873,9 @@ fn bench_quick_reports_every_workload() {
             w6a["floor_ms"].as_f64().unwrap(),
             w6a["unfused_floor_ms"].as_f64().unwrap(),
         );
-        assert!(fused < unfused, "{w6a}");
+        // Never above the unfused floor (equal where both are bound by arithmetic alone, as a
+        // debug build's slow peak makes them).
+        assert!(fused <= unfused * (1.0 + 1e-9), "{w6a}");
     }
     for id in [
         "W6a",
