@@ -8,6 +8,8 @@
 //!   a last partial panel padded with zeros;
 //! - the left operand is read in place through its strides (six rows' values broadcast at
 //!   each step), so nothing of it is copied: a row-major or a transposed operand alike;
+//! - a product of few rows reads the right operand's whole panels in place too, where its
+//!   columns are contiguous ([`in_place`]): too few row blocks read each panel to repay a copy;
 //! - for each six rows, the microkernel runs over every panel of the block, its six rows of
 //!   the left operand staying in L1 while the panels stream from L2, and adds its sums to
 //!   the destination (stores them, on the first block of steps); a last panel of a few
@@ -35,6 +37,24 @@ const NR: usize = 64;
 const KC: usize = 512;
 /// Columns per packed block of the right operand.
 const NC: usize = 256;
+
+/// Products of at most this many rows read the right operand's whole panels in place (see
+/// [`in_place`]).
+const IN_PLACE_ROWS: usize = 256;
+
+/// Whether the product's right operand `b` is read in place rather than packed: its columns
+/// contiguous, few rows of the left operand (packing copies all of `b`, a cost the row blocks
+/// that read each panel must repay: 43 of them at 256 rows, 11 at 64), and its rows not a
+/// multiple of 2 KiB apart (whose lines would crowd a few sets of L2). Each whole panel is
+/// then read a step at a time through `b`'s row stride; only a last partial panel is packed.
+/// `conv_shapes`, ms, packed against in place (three alternating runs): 8×256×56×56 → 64
+/// 2.55–2.60 against 2.20–2.29, 8×256×56×56 → 128 4.36–4.41 against 4.10–4.14, 8×32×112×112
+/// → 64 1.26–1.37 against 1.01–1.07, 8×128×56×56 → 128 2.10–2.14 against 1.96–2.10,
+/// 8×512×28×28 → 256 3.96–4.04 against 3.89–3.94; with 1024 rows (8×256×14×14 → 1024) 1.92–1.95
+/// against 1.94–1.99, so those stay packed.
+fn in_place(m: usize, b: &Strided) -> bool {
+    m <= IN_PLACE_ROWS && b.cs == 1 && !b.rs.is_multiple_of(512)
+}
 
 /// A matrix operand in place: element `(i, j)` at `ptr + i * rs + j * cs`.
 #[derive(Clone, Copy)]
@@ -132,8 +152,12 @@ pub(crate) unsafe fn sgemm(
             // one block of none.
             for pc in (0..k.max(1)).step_by(KC) {
                 let kc = KC.min(k - pc);
-                // SAFETY: the block lies within `b`, as the caller vouches.
-                unsafe { pack(b, pc..pc + kc, jc..jc + nc, packed) };
+                // Panels read in place: the block's whole ones where `in_place`.
+                let whole = if in_place(m, &b) { nc / NR } else { 0 };
+                if whole * NR < nc {
+                    // SAFETY: the block lies within `b`, as the caller vouches.
+                    unsafe { pack(b, pc..pc + kc, jc + whole * NR..jc + nc, packed) };
+                }
                 let add = accumulate || pc > 0;
                 let last = pc + kc == k && (!finish.is_empty() || finish.stream);
                 for ir in (0..m).step_by(MR) {
@@ -145,12 +169,18 @@ pub(crate) unsafe fn sgemm(
                         for panel in 0..panels {
                             let cols = NR.min(nc - panel * NR);
                             let at = ir * ldc + jc + panel * NR;
-                            let b_at = packed.as_ptr().add(panel * kc * NR);
+                            let (b_at, b_rs) = if panel < whole {
+                                let at = pc * b.rs + jc + panel * NR;
+                                (b.ptr.wrapping_add(at), b.rs)
+                            } else {
+                                (packed.as_ptr().add((panel - whole) * kc * NR), NR)
+                            };
                             let tile = Tile {
                                 a: a_at,
                                 a_rs: a.rs,
                                 a_cs: a.cs,
                                 b: b_at,
+                                b_rs,
                                 kc,
                                 c: c.add(at),
                                 ldc,
@@ -223,6 +253,9 @@ struct Tile {
     a_rs: usize,
     a_cs: usize,
     b: *const f32,
+    /// Elements between one step's values of the right operand and the next step's: a
+    /// packed panel's [`NR`], or the operand's row stride where it is read in place.
+    b_rs: usize,
     kc: usize,
     c: *mut f32,
     ldc: usize,
@@ -331,7 +364,7 @@ unsafe fn sums<const R: usize, const V: usize>(t: &Tile) -> [[__m512; V]; R] {
                 }
             }
             a = a.add(t.a_cs);
-            b = b.add(NR);
+            b = b.add(t.b_rs);
         }
         acc
     }
@@ -489,8 +522,9 @@ mod tests {
 
     /// Every size class of the blocking (partial row blocks of 1 to 5 rows, partial panels and
     /// partial vectors, several blocks of steps and of columns, one step, zero steps), both
-    /// layouts of each operand, stored and accumulated, within the sum's rounding of an f64
-    /// reference, and nothing written outside the output's rows.
+    /// layouts of each operand, the right one packed and read in place, stored and
+    /// accumulated, within the sum's rounding of an f64 reference, and nothing written outside
+    /// the output's rows.
     #[test]
     fn products_match_an_f64_reference() {
         if !applies(1, 16, 1) {
@@ -506,6 +540,12 @@ mod tests {
             (12, 300, 1030),
             (25, 257, 64),
             (3, 31, 0),
+            // Packed where the right operand would otherwise be read in place: more rows than
+            // `IN_PLACE_ROWS`, and rows a multiple of 512 values apart.
+            (300, 130, 20),
+            (4, 512, 9),
+            // In place with no steps.
+            (3, 64, 0),
         ];
         for &(m, n, k) in &shapes {
             for (ta, tb, accumulate) in [
