@@ -45,16 +45,16 @@ const IN_PLACE_ROWS: usize = 256;
 /// Whether the product's right operand `b` is read in place rather than packed: its columns
 /// contiguous, few rows of the left operand (packing copies all of `b`, a cost the row blocks
 /// that read each panel must repay: 43 of them at 256 rows, 11 at 64), and its rows a whole
-/// number of cache lines apart (each step's 64 values then span four lines, not five) but not
-/// a multiple of 2 KiB (whose lines would crowd a few sets of L2). Each whole panel is then
-/// read a step at a time through `b`'s row stride; only a last partial panel is packed. In
-/// ResNet-50, 8×1024×14×14 → 256 (rows 196 values apart) took 10.8–11.0 ms in place against
-/// 10.5–10.7 packed over its five layers, and stays packed.
+/// number of cache lines apart (every step's 64 values then lie alike across lines) but not a
+/// multiple of 2 KiB (whose lines would crowd a few sets of L2). Each whole panel is then read
+/// a step at a time through `b`'s row stride; only a last partial panel is packed.
+///
 /// `conv_shapes`, ms, packed against in place (three alternating runs): 8×256×56×56 → 64
 /// 2.55–2.60 against 2.20–2.29, 8×256×56×56 → 128 4.36–4.41 against 4.10–4.14, 8×32×112×112
 /// → 64 1.26–1.37 against 1.01–1.07, 8×128×56×56 → 128 2.10–2.14 against 1.96–2.10,
-/// 8×512×28×28 → 256 3.96–4.04 against 3.89–3.94; with 1024 rows (8×256×14×14 → 1024) 1.92–1.95
-/// against 1.94–1.99, so those stay packed.
+/// 8×512×28×28 → 256 3.96–4.04 against 3.89–3.94; with 1024 rows (8×256×14×14 → 1024)
+/// 1.92–1.95 against 1.94–1.99. In ResNet-50, 8×1024×14×14 → 256 (rows 196 values apart, not
+/// whole lines) took 10.8–11.0 ms in place against 10.5–10.7 packed over its five layers.
 fn in_place(m: usize, b: &Strided) -> bool {
     m <= IN_PLACE_ROWS && b.cs == 1 && b.rs.is_multiple_of(16) && !b.rs.is_multiple_of(512)
 }
