@@ -6,7 +6,8 @@
 //!
 //! `SHAPES="8,256,64,56,1,1;8,64,256,56,1,1"` (batch, channels in, out, image side, kernel
 //! side, stride; shapes separated by `;`) measures those shapes instead; `EPI=1` adds a bias
-//! and ReLU to each convolution, `EPI=2` a bias, a residual and ReLU.
+//! and ReLU to each convolution, `EPI=2` a bias, a residual and ReLU; `COLD=1` writes 256 MB
+//! before each run, so that every operand comes from memory.
 
 use kfuse_cpu::conv::{conv2d, routine, Epilogue, View};
 use kfuse_ir::{Conv2dAttrs, DType, Layout, Storage};
@@ -49,6 +50,8 @@ fn main() {
             .collect(),
         Err(_) => shapes.to_vec(),
     };
+    let cold = std::env::var("COLD").is_ok_and(|v| v == "1");
+    let mut flush = vec![0.0f32; if cold { 64 << 20 } else { 0 }];
     for (n, c, co, hw, k, s) in chosen {
         let p = k / 2;
         let o = (hw + 2 * p - k) / s + 1;
@@ -84,6 +87,12 @@ fn main() {
         };
         let mut times: Vec<f64> = (0..21)
             .map(|_| {
+                if cold {
+                    // Every operand out of cache, as inside a network whose weights and
+                    // activations pass through memory between layers.
+                    flush.iter_mut().for_each(|v| *v += 1.0);
+                    std::hint::black_box(&flush);
+                }
                 let t = Instant::now();
                 let (x, w) = (
                     View {
