@@ -190,6 +190,24 @@ pub(crate) unsafe fn sgemm(
                                 cols,
                                 add,
                             };
+                            if let Some(residual) = finish.residual.filter(|_| last) {
+                                // The next tile's residual lines (the next panel's, or the
+                                // next row block's first), asked for a whole tile ahead of
+                                // its finish: a tile's own, asked for as its sums begin, still
+                                // arrived late from memory.
+                                let (ni, np) = if panel + 1 < panels {
+                                    (ir, panel + 1)
+                                } else {
+                                    (ir + MR, 0)
+                                };
+                                let next_cols = NR.min(nc - np * NR);
+                                for i in ni..(ni + MR).min(m) {
+                                    for v in 0..next_cols.div_ceil(16) {
+                                        let at = i * ldc + jc + np * NR + 16 * v;
+                                        ask_line(residual.wrapping_add(at));
+                                    }
+                                }
+                            }
                             match last.then(|| finish.at(ir, at)) {
                                 None => dispatch(rows, cols.div_ceil(16), &tile),
                                 Some(f) => finished(rows, &tile, &f),
@@ -208,6 +226,18 @@ pub(crate) unsafe fn sgemm(
             _mm_sfence()
         };
     }
+}
+
+/// Asks for the cache line holding `p` into L1: a hint, which reads nothing architecturally.
+#[inline(always)]
+fn ask_line(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing architecturally, whatever the address.
+    unsafe {
+        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// Steps `steps` of columns `cols` of `b` into `packed`, as panels of [`NR`] columns (each
