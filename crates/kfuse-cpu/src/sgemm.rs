@@ -13,7 +13,10 @@
 //! - for each six rows, the microkernel runs over every panel of the block, its six rows of
 //!   the left operand staying in L1 while the panels stream from L2, and adds its sums to
 //!   the destination (stores them, on the first block of steps); a last panel of a few
-//!   columns computes only the vectors they reach.
+//!   columns computes only the vectors they reach;
+//! - up to 8 columns past the last whole vector (a 14×14 image's 196 positions end in 4) are
+//!   dot products along the steps instead ([`dot_columns`]), each row block's right after its
+//!   panels, while its rows of the left operand are in L1.
 //!
 //! On W5a's product (1024 × 1024 × 4096) on the AMD EPYC host, one thread took 36.0–36.5 ms
 //! against the `gemm` crate's 37.9–39.0 (alternating runs): 95% of the FMA peak against 90%.
@@ -137,6 +140,10 @@ pub(crate) unsafe fn sgemm(
         stream: finish.stream && (c as usize).is_multiple_of(64) && ldc.is_multiple_of(16),
         ..*finish
     };
+    // Columns past the last whole vector computed as dot products (see [`dot_columns`]); the
+    // panels cover the rest.
+    let tail = dot_columns(n, &a);
+    let n = n - tail;
     let kc_max = KC.min(k);
     let nc_max = NC.min(n).div_ceil(NR) * NR;
     PACKED.with(|cell| {
@@ -163,6 +170,11 @@ pub(crate) unsafe fn sgemm(
                 }
                 let add = accumulate || pc > 0;
                 let last = pc + kc == k && (!finish.is_empty() || finish.stream);
+                // The dot columns go with the last block of columns, their steps transposed.
+                let dots = (jc + nc == n && tail > 0).then(|| {
+                    // SAFETY: the tail's columns and these steps lie within `b`.
+                    unsafe { transposed(b, pc..pc + kc, n..n + tail) }
+                });
                 for ir in (0..m).step_by(MR) {
                     let rows = MR.min(m - ir);
                     // SAFETY: rows ir.. and steps pc.. lie within `a`; the panels within
@@ -213,7 +225,27 @@ pub(crate) unsafe fn sgemm(
                                 Some(f) => finished(rows, &tile, &f),
                             }
                         }
+                        if let Some(bt) = &dots {
+                            let at = ir * ldc + n;
+                            let f = (pc + kc == k && !finish.is_empty()).then(|| finish.at(ir, at));
+                            let tile = Tile {
+                                a: a_at,
+                                a_rs: a.rs,
+                                a_cs: a.cs,
+                                b: bt.as_ptr(),
+                                b_rs: kc,
+                                kc,
+                                c: c.add(at),
+                                ldc,
+                                cols: tail,
+                                add,
+                            };
+                            dot_tile(rows, &tile, f.as_ref());
+                        }
                     }
+                }
+                if let Some(kept) = dots {
+                    DOTS.with(|cell| *cell.borrow_mut() = kept);
                 }
             }
         }
@@ -226,6 +258,153 @@ pub(crate) unsafe fn sgemm(
             _mm_sfence()
         };
     }
+}
+
+/// The columns of an `n`-column product past its last whole vector that [`dot_tile`] computes
+/// as dot products along the steps, rather than a last vector of 16 lanes of which they fill a
+/// few: at most [`DOT_COLUMNS`] of them, where the left operand's steps are contiguous (each
+/// of its rows then loads 16 steps at a time). A 14×14 image's 196 positions ran as three
+/// panels and a vector of 4 columns in 6 registers, too few to hide the multiply-add's latency;
+/// the 4 columns as dot products take a quarter of that vector's work, and the reductions
+/// about as much again. `EPI=2 conv_shapes`, three alternating runs: 8×256×14×14 → 1024
+/// 2.06–2.10 → 1.99–2.03 ms, 8×1024×14×14 → 256 2.00–2.08 → 1.91–1.96.
+fn dot_columns(n: usize, a: &Strided) -> usize {
+    let tail = n % 16;
+    if a.cs == 1 && tail <= DOT_COLUMNS && n > tail {
+        tail
+    } else {
+        0
+    }
+}
+
+/// The most columns [`dot_columns`] takes from the panels.
+const DOT_COLUMNS: usize = 8;
+
+thread_local! {
+    /// The dot columns' steps, transposed ([`transposed`]), kept between calls.
+    static DOTS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Steps `steps` of columns `cols` of `b`, each column's steps contiguous (`steps.len()` apart).
+///
+/// # Safety
+/// The block must lie within `b`.
+unsafe fn transposed(b: Strided, steps: Range<usize>, cols: Range<usize>) -> Vec<f32> {
+    let kc = steps.len();
+    let mut out = DOTS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    out.clear();
+    out.resize(kc * cols.len(), 0.0);
+    for (j, col) in cols.enumerate() {
+        let dst = &mut out[j * kc..][..kc];
+        for (p, d) in dst.iter_mut().enumerate() {
+            // SAFETY: step `steps.start + p` of column `col` lies within `b`.
+            *d = unsafe { *b.ptr.add((steps.start + p) * b.rs + col * b.cs) };
+        }
+    }
+    out
+}
+
+/// `rows` rows × `t.cols` (1 to [`DOT_COLUMNS`]) columns of the output as dot products of the
+/// left operand's rows (steps contiguous) with the right operand's columns transposed at
+/// `t.b` (`t.b_rs` apart): four columns at a time, the `rows × 4` sums in vectors of 16 steps,
+/// each reduced at the end. Added to the output's values where `t.add`; then finished by the
+/// epilogue a pass over the output would run, where `f` is given.
+///
+/// # Safety
+/// As for [`kernel`], with the right operand as described; `f`'s operands at the tile's first
+/// row and element.
+unsafe fn dot_tile(rows: usize, t: &Tile, f: Option<&Finish>) {
+    for j0 in (0..t.cols).step_by(4) {
+        let part = Tile {
+            b: t.b.wrapping_add(j0 * t.b_rs),
+            c: t.c.wrapping_add(j0),
+            cols: 4.min(t.cols - j0),
+            ..*t
+        };
+        macro_rules! by_columns {
+            ($r:literal) => {
+                match part.cols {
+                    4 => dots::<$r, 4>(&part),
+                    3 => dots::<$r, 3>(&part),
+                    2 => dots::<$r, 2>(&part),
+                    _ => dots::<$r, 1>(&part),
+                }
+            };
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match rows {
+                6 => by_columns!(6),
+                5 => by_columns!(5),
+                4 => by_columns!(4),
+                3 => by_columns!(3),
+                2 => by_columns!(2),
+                _ => by_columns!(1),
+            }
+        }
+    }
+    let Some(f) = f else { return };
+    for i in 0..rows {
+        // SAFETY: the tile's rows and the finish's operands, as the caller vouches.
+        unsafe {
+            let row = std::slice::from_raw_parts_mut(t.c.add(i * t.ldc), t.cols);
+            let residual = f
+                .residual
+                .map(|r| std::slice::from_raw_parts(r.add(i * t.ldc), t.cols));
+            let tail = Tail {
+                bias: f
+                    .row_bias
+                    .map_or(RowBias::None, |b| RowBias::Same(*b.add(i))),
+                scale: RowBias::None,
+                residual,
+                activation: f.activation,
+            };
+            epilogue(row, tail);
+        }
+    }
+}
+
+/// `R` rows × `J` columns of [`dot_tile`]: `R J` sums of 16 lanes each over the steps (a last
+/// partial vector of steps through a mask), reduced, then stored (added).
+///
+/// # Safety
+/// As for [`dot_tile`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dots<const R: usize, const J: usize>(t: &Tile) {
+    // SAFETY: in bounds as the caller vouches.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); J]; R];
+        let mut step = |p: usize, mask: __mmask16| {
+            let bv: [__m512; J] =
+                std::array::from_fn(|j| _mm512_maskz_loadu_ps(mask, t.b.add(j * t.b_rs + p)));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = _mm512_maskz_loadu_ps(mask, t.a.add(i * t.a_rs + p));
+                for (sum, &bv) in row.iter_mut().zip(&bv) {
+                    *sum = _mm512_fmadd_ps(av, bv, *sum);
+                }
+            }
+        };
+        let whole = t.kc / 16 * 16;
+        for p in (0..whole).step_by(16) {
+            step(p, u16::MAX);
+        }
+        if whole < t.kc {
+            step(whole, (1u16 << (t.kc - whole)) - 1);
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (j, &sum) in row.iter().enumerate() {
+                let dst = t.c.add(i * t.ldc + j);
+                let value = _mm512_reduce_add_ps(sum);
+                *dst = if t.add { *dst + value } else { value };
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn dots<const R: usize, const J: usize>(_: &Tile) {
+    unreachable!("`applies` is false without AVX-512")
 }
 
 /// Asks for the cache line holding `p` into L1: a hint, which reads nothing architecturally.
@@ -281,6 +460,7 @@ unsafe fn pack(b: Strided, steps: Range<usize>, cols: Range<usize>, packed: &mut
 
 /// One microkernel call: `rows` (the kernel's `R`) × `cols` of the output at `c`, from the
 /// left operand's rows at `a` and a packed panel at `b`, over `kc` steps.
+#[derive(Clone, Copy)]
 struct Tile {
     a: *const f32,
     a_rs: usize,
@@ -299,8 +479,8 @@ struct Tile {
 }
 
 /// [`kernel`] for `rows` rows (1 to [`MR`]) and the `vectors` (1 to 4) of the panel that hold
-/// its valid columns: a last panel of a few columns computes only the vectors they reach (a
-/// 14×14 image's 196 positions take 208, not 256).
+/// its valid columns: a last panel of a few columns computes only the vectors they reach (of
+/// 200 columns, 208, not 256).
 ///
 /// # Safety
 /// As for [`kernel`].
@@ -554,7 +734,8 @@ mod tests {
     }
 
     /// Every size class of the blocking (partial row blocks of 1 to 5 rows, partial panels and
-    /// partial vectors, several blocks of steps and of columns, one step, zero steps), both
+    /// partial vectors, dot columns, several blocks of steps and of columns, one step, zero
+    /// steps), both
     /// layouts of each operand, the right one packed and read in place, stored and
     /// accumulated, within the sum's rounding of an f64 reference, and nothing written outside
     /// the output's rows.
@@ -581,6 +762,12 @@ mod tests {
             (3, 64, 0),
             (13, 160, 37),
             (12, 320, 1030),
+            // Dot columns (1 to 8 past the last whole vector): 8 of them over several blocks
+            // of steps and a partial vector of steps, beside a single whole vector, and a 14×14
+            // image's 196 positions.
+            (9, 200, 1030),
+            (6, 24, 17),
+            (11, 196, 256),
         ];
         for &(m, n, k) in &shapes {
             for (ta, tb, accumulate) in [
@@ -652,6 +839,7 @@ mod tests {
         for (case, &(m, n, k)) in [
             (12, 128, 64),
             (13, 100, 37),
+            (7, 200, 600),
             (6, 64, 700),
             (7, 70, 0),
             (1, 16, 3),
