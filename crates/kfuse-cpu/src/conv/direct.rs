@@ -1784,9 +1784,9 @@ unsafe fn gather_column(taps: &Taps, cg: usize, vectors: usize, out: &mut [Line]
 const TAIL: usize = 7;
 
 /// The input values of a last partial block of `positions` (at most [`TAIL`]) positions,
-/// gathered for [`tail_block`]: element `(t * cg + c) * positions + p` is what
-/// [`masked_block`] would read for tap `t`, channel `c`, position `p` (zero where the tap's
-/// mask keeps the lane off).
+/// gathered for [`tail_block`], position by position: element `p * taps * cg + t * cg + c`
+/// is what [`masked_block`] would read for tap `t`, channel `c`, position `p` (zero where the
+/// tap's mask keeps the lane off).
 fn gather_tail(taps: &Taps, cg: usize, positions: usize) -> Vec<f32> {
     let mut xt = vec![0.0f32; taps.offsets.len() * cg * positions];
     for (t, (&off, masks)) in taps.offsets.iter().zip(taps.masks).enumerate() {
@@ -1795,7 +1795,7 @@ fn gather_tail(taps: &Taps, cg: usize, positions: usize) -> Vec<f32> {
             for c in 0..cg {
                 // SAFETY: a lane the mask lets through is readable (the caller of the block
                 // vouches for it).
-                xt[(t * cg + c) * positions + p] =
+                xt[p * taps.offsets.len() * cg + t * cg + c] =
                     unsafe { *base.wrapping_add(c * taps.plane + p) };
             }
         }
@@ -1804,14 +1804,19 @@ fn gather_tail(taps: &Taps, cg: usize, positions: usize) -> Vec<f32> {
 }
 
 /// A last partial block of `P` positions (at most [`TAIL`]) with vectors over its 8 output
-/// channels instead of positions: per tap and channel, one load of the 8 weights and `P`
-/// broadcasts, where a one-vector [`masked_block`] broadcasts 8 weights to fill 16 lanes for
-/// `P` positions. Each position's sum runs as `S` interleaved partial sums (taps and channels
-/// `i` with `i % S == s`), added in order at the end, so that `P * S` chains of fused
-/// multiply-adds hide their latency (one chain for one position was as slow as the
-/// one-vector block). With bands fitted to it (see [`fit_rows`]), the 49th position of
-/// 8×512×7×7 → 512 takes 6% of the convolution. Fast numerics only: the order differs from
-/// the other blocks'.
+/// channels instead of positions, two terms (taps and channels) to a vector: per pair of
+/// terms, one load of their 16 weights and, per position, its two values spread over the
+/// vector's halves (one 8-byte load and a permute), where a one-vector [`masked_block`]
+/// broadcasts 8 weights to fill 16 lanes for `P` positions. The halves are added at the end
+/// (an odd last term goes to the first half alone). Each position's sum runs as `S`
+/// interleaved partial sums (pairs `j` with `j % S == s`), added in order at the end, so that
+/// `P * S` chains of fused multiply-adds hide their latency (one chain for one position was as
+/// slow as the one-vector block). With bands fitted to it (see [`fit_rows`]), the 49th
+/// position of 8×512×7×7 → 512 took 6% of the convolution with a vector of 8 channels per
+/// term. In pairs, `conv_shapes` with bias and ReLU, three alternating runs: 8×256×28×28 →
+/// 256 at stride 2 (four positions) 4.31–4.35 → 4.10–4.23 ms, 8×512×7×7 → 2048 1×1
+/// 1.82–1.84 → 1.76–1.78, 8×2048×7×7 → 512 1.84–1.87 → 1.78–1.81. Fast numerics only: the
+/// order differs from the other blocks'.
 ///
 /// # Safety
 /// The CPU must have AVX-512F and DQ; the elements `dst` addresses (its `channels` for the `P`
@@ -1827,33 +1832,52 @@ unsafe fn tail_block<const P: usize, const S: usize>(
 ) {
     let k = xt.len() / P;
     assert!(xt.len() == k * P && w.len() >= k * OB);
-    let mut acc = [[_mm256_setzero_ps(); P]; S];
+    let mut acc = [[_mm512_setzero_ps(); P]; S];
     let (xp, wp) = (xt.as_ptr(), w.as_ptr());
-    let whole = k / S * S;
-    for i in (0..whole).step_by(S) {
-        for (s, partial) in acc.iter_mut().enumerate() {
-            // SAFETY: in bounds by the assertion.
-            unsafe {
-                let wv = _mm256_loadu_ps(wp.add((i + s) * OB));
-                for (p, a) in partial.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(wv, _mm256_set1_ps(*xp.add((i + s) * P + p)), *a);
-                }
+    // Lanes 0-7 take a pair's first value, 8-15 its second.
+    let spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    // Terms 2j and 2j + 1: their 16 weights (contiguous), and each position's two values.
+    let pair = |acc: &mut [__m512; P], j: usize| {
+        // SAFETY: in bounds by the assertion (2j + 1 < k).
+        unsafe {
+            let wv = _mm512_loadu_ps(wp.add(2 * j * OB));
+            for (p, a) in acc.iter_mut().enumerate() {
+                let two = _mm_castpd_ps(_mm_load_sd(xp.add(p * k + 2 * j).cast::<f64>()));
+                let xv = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(two));
+                *a = _mm512_fmadd_ps(wv, xv, *a);
             }
         }
+    };
+    let pairs = k / 2;
+    let whole = pairs / S * S;
+    for j in (0..whole).step_by(S) {
+        for (s, partial) in acc.iter_mut().enumerate() {
+            pair(partial, j + s);
+        }
     }
-    for (s, i) in (whole..k).enumerate() {
-        // SAFETY: as above.
+    for (s, j) in (whole..pairs).enumerate() {
+        pair(&mut acc[s], j);
+    }
+    if k % 2 == 1 {
+        // The last term alone, in the first 8 lanes.
+        // SAFETY: in bounds by the assertion.
         unsafe {
-            let wv = _mm256_loadu_ps(wp.add(i * OB));
-            for (p, a) in acc[s].iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(wv, _mm256_set1_ps(*xp.add(i * P + p)), *a);
+            let wv = _mm512_castps256_ps512(_mm256_loadu_ps(wp.add((k - 1) * OB)));
+            for (p, a) in acc[0].iter_mut().enumerate() {
+                let xv = _mm512_set1_ps(*xp.add(p * k + k - 1));
+                *a = _mm512_mask3_fmadd_ps(wv, xv, *a, 0x00ff);
             }
         }
     }
     let sums: [__m256; P] = std::array::from_fn(|p| {
-        acc.iter()
+        let total = acc
+            .iter()
             .skip(1)
-            .fold(acc[0][p], |total, partial| _mm256_add_ps(total, partial[p]))
+            .fold(acc[0][p], |total, partial| _mm512_add_ps(total, partial[p]));
+        _mm256_add_ps(
+            _mm512_castps512_ps256(total),
+            _mm512_extractf32x8_ps::<1>(total),
+        )
     });
     let bias = finish.bias.map(|b| _mm256_loadu_ps(b.as_ptr()));
     for (p, a) in sums.iter().enumerate() {
@@ -2515,6 +2539,10 @@ mod tests {
             // Columns copied into contiguous runs (`PACK_COLUMN`), a tail block of one
             // position left in place.
             (1, 24, 16, 33, 33, 3, 3, [2, 2], [1, 1], 1, [1, 1, 1, 1]),
+            // Tail blocks of one and of four positions over an odd number of terms (channels
+            // times taps), which the tail kernel takes in pairs but for the last.
+            (1, 5, 12, 14, 14, 3, 3, [2, 2], [1, 1], 1, [1, 1, 1, 1]),
+            (2, 3, 10, 28, 28, 3, 3, [2, 2], [1, 1], 1, [1, 1, 1, 1]),
         ];
         let (mut phase, mut tap) = (0, 0);
         for case in &cases {
