@@ -520,6 +520,9 @@ impl Route {
                 "the direct 8×48 microkernel as a 1×1 convolution, on a copy of every {}×{} pixel of each band's input rows",
                 g.stride[0], g.stride[1]
             ),
+            Route::Winograd if winograd::small(g) => {
+                "Winograd F(2×2, 3×3) with every image's tiles side by side: input and output transforms around 16 GEMMs on the direct 8×48 microkernel (16 multiplications per 2×2 outputs where direct takes 36)".into()
+            }
             Route::Winograd => {
                 "Winograd F(2×2, 3×3): input and output transforms around 16 GEMMs on the direct 8×48 microkernel (16 multiplications per 2×2 outputs where direct takes 36)".into()
             }
@@ -1339,7 +1342,8 @@ mod routes {
 
     /// ResNet-18's convolutions take the routines measured fastest for them (see
     /// `direct::leads`, `direct::TAP_PLANES_BELOW`, `winograd::applies`): strided ones onto
-    /// 28×28 and larger outputs on the phase planes, onto 14×14 and 7×7 on tap planes.
+    /// 28×28 and larger outputs on the phase planes, onto 14×14 and 7×7 on tap planes; stride-1
+    /// 3×3 ones on Winograd but for small images at a small batch.
     #[test]
     fn resnet_convolutions_take_their_routines() {
         if !crate::dense::has_avx512() {
@@ -1363,7 +1367,12 @@ mod routes {
         assert_eq!(route(1, 256, 256, 14, 3, 1), Route::Direct);
         assert_eq!(route(8, 256, 512, 14, 3, 2), Route::Direct);
         assert_eq!(route(1, 256, 512, 14, 3, 2), Route::Direct);
-        assert_eq!(route(8, 512, 512, 7, 3, 1), Route::Direct);
+        // 7×7 outputs: Winograd with the images' tiles side by side from three images up
+        // (48 tiles), the direct kernel below.
+        assert_eq!(route(8, 512, 512, 7, 3, 1), Route::Winograd);
+        assert_eq!(route(3, 512, 512, 7, 3, 1), Route::Winograd);
+        assert_eq!(route(2, 512, 512, 7, 3, 1), Route::Direct);
+        assert_eq!(route(1, 512, 512, 7, 3, 1), Route::Direct);
         assert_eq!(route(8, 256, 512, 14, 1, 2), Route::Direct);
         // Few channels: a strided 1×1 convolution stays on im2col.
         assert_eq!(route(8, 32, 64, 14, 1, 2), Route::Im2col);

@@ -42,7 +42,7 @@ use kfuse_ir::Layout;
 use super::direct::{self, Dst, OB};
 use super::{for_each_band_fitted, Geometry, Post};
 use crate::constants;
-use crate::dense::{epilogue, has_avx512, with_scratch, Out};
+use crate::dense::{epilogue, has_avx512, with_scratch, with_shared_scratch, Out};
 use crate::simd::InRegisters;
 
 /// Output channels per block of products: their `M` planes are written and read while hot.
@@ -81,7 +81,7 @@ const MIN_WIDTH: usize = 24;
 /// | 8×128×16×16 → 128 | 1.32–1.63 | 0.74–0.77 |
 /// | 8×256×12×12 → 256 | 2.96–3.21 | 2.08–2.10 |
 /// | 8×256×10×10 → 256 | 2.20–2.33 | 1.38–1.71 |
-/// | 8×512×7×7 → 512 | 4.38–4.42 | 8.57–8.84 |
+/// | 8×512×7×7 → 512 (band-wise; now [`conv_small`]) | 4.38–4.42 | 8.57–8.84 |
 /// | 1×256×14×14 → 256 | 0.54–0.67 | 0.81 |
 /// | 8×64×14×14 → 64 | 0.27 | 0.24–0.31 |
 /// | 8×32×14×14 → 32 | 0.07 | 0.08–0.09 |
@@ -106,12 +106,28 @@ pub(super) fn applies(g: &Geometry) -> bool {
         && cg >= MIN_CHANNELS
         && og >= MIN_CHANNELS
         && g.y[2] >= 2
-        && (g.y[3] >= MIN_WIDTH || narrow)
+        && (g.y[3] >= MIN_WIDTH || narrow || small(g))
         && has_avx512()
+}
+
+/// Whether [`conv_small`] takes `g` (which is otherwise as [`applies`] asks): one group of at
+/// least [`WIDE_CHANNELS`] channels each way, outputs narrower than [`MIN_NARROW_WIDTH`] of at
+/// most 16 tiles (8×8 pixels), and enough images for the microkernel's blocks of 48 tiles.
+pub(super) fn small(g: &Geometry) -> bool {
+    let tiles = g.y[2].div_ceil(2) * g.y[3].div_ceil(2);
+    g.groups == 1
+        && g.x[1] >= WIDE_CHANNELS
+        && g.y[1] >= WIDE_CHANNELS
+        && g.y[3] < MIN_NARROW_WIDTH
+        && tiles <= 16
+        && g.y[0] * tiles >= direct::QB
 }
 
 /// The convolution of `g` into `y`, with the epilogue. Call only where [`applies`] holds.
 pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
+    if small(g) {
+        return conv_small(g, xs, ws, y, post);
+    }
     let [n_images, c_out, oh, ow] = g.y;
     // Per group: `c_in` channels in, `og` out.
     let (c_in, og) = (g.in_channels_per_group(), g.out_channels_per_group());
@@ -242,6 +258,277 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
     if spoiled.into_inner() {
         direct::conv(g, xs, ws, y, post);
     }
+}
+
+/// [`conv`] for images of at most 16 tiles ([`small`]): ResNet's last stage, 7×7. Per image a
+/// row of tiles would fill a quarter of a vector, and its 16 tiles a third of a block of the
+/// microkernel; so the tiles of all the images lie side by side, an image's 16 in one vector,
+/// and the call runs in three passes over all the threads:
+/// 1. each image's input transform, its 16 inputs of each tile gathered (the tiles in the
+///    lanes), into `V[ξ][c][n·T + t]` for image `n`'s tile `t` of `T`;
+/// 2. the 16 products `M[ξ] = U[ξ] · V[ξ]`, a task per `ξ` and half of the output channels,
+///    blocks of 64 output channels at a time (their transformed weights and `V[ξ]` in L2);
+/// 3. each image's output transform, the bias and `act` in registers, its 2×2 results of each
+///    tile scattered to the output, the rest of the epilogue after.
+///
+/// `conv::conv2d` alone with bias and ReLU (`EPI=1 conv_shapes`), three alternating runs,
+/// the direct kernel against this: 8×512×7×7 → 512 4.05–4.08 → 2.87–2.91 ms, 8×256×7×7 → 256
+/// 0.95–0.99 → 0.64–0.67 (the band-wise path above took 8.6–8.8 ms on the first). ResNet-18
+/// (`kfuse bench resnet18`, whose last stage has three such convolutions) 52.6–59.9 → 49.3–49.7
+/// ms. At batch 1 (16 tiles, a third of a block) the direct kernel keeps them.
+fn conv_small(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
+    let [n_images, c_out, oh, ow] = g.y;
+    let c_in = g.x[1];
+    let u = transformed_weights(ws, 1, c_out, c_in);
+    if !constants::holds(ws, constants::FINITE_TRANSFORMED, || {
+        u.iter().all(|v| v.is_finite())
+    }) {
+        return direct::conv(g, xs, ws, y, post);
+    }
+    let (in_registers, rest) = direct::split(post, false);
+    let act = InRegisters::of(in_registers.act);
+    let tiles = oh.div_ceil(2) * ow.div_ceil(2);
+    let p = n_images * tiles;
+    let tp = p.div_ceil(16) * 16;
+    let blocks = c_out.div_ceil(OB);
+    // The 16 planes of `V` and of `M`, a line more than their rows apart (see `conv`).
+    let (vs, ms) = (c_in * tp + 16, blocks * OB * tp + 16);
+    let pool = crate::Pool::global();
+    let spoiled = AtomicBool::new(false);
+    let out = Out(y.as_mut_ptr());
+    with_shared_scratch(16 * vs + 16 * ms, |scratch: &mut [f32]| {
+        let (v, m) = scratch.split_at_mut(16 * vs);
+        // Positions past the last tile are read by the last block's vectors (never stored).
+        for xi in 0..16 {
+            for c in 0..c_in {
+                v[xi * vs + c * tp + p..][..tp - p].fill(0.0);
+            }
+        }
+        let (vp, mp) = (Out(v.as_mut_ptr()), Out(m.as_mut_ptr()));
+        pool.run(n_images, &|n| {
+            // SAFETY: `applies` checked AVX-512; image n's tiles of `v` are this task's.
+            unsafe { input_transform_small(g, xs, n, vp.ptr(), vs, tp) };
+        });
+        // A task per ξ and half of the output channels (in whole blocks).
+        let half = blocks.div_ceil(2);
+        pool.run(32, &|task| {
+            let (xi, b0) = (task / 2, task % 2 * half);
+            let b1 = (b0 + half).min(blocks);
+            // SAFETY: pass 1 is done; plane ξ of `v` is only read now.
+            let vx = unsafe { std::slice::from_raw_parts(vp.ptr().add(xi * vs), c_in * tp) };
+            for c0 in (b0..b1).step_by(8) {
+                let c1 = (c0 + 8).min(b1);
+                let dst = Dst {
+                    ptr: mp.ptr().wrapping_add(xi * ms + c0 * OB * tp),
+                    stride: tp,
+                    channels: ((c1 - c0) * OB).min(c_out - c0 * OB),
+                    valid: p,
+                };
+                let w = &u[(xi * blocks + c0) * c_in * OB..][..(c1 - c0) * c_in * OB];
+                // SAFETY: `dst` addresses rows of plane ξ of `m` that are this task's.
+                unsafe { direct::compute(vx, tp, &[0], w, dst, None, None, None, false, &[]) };
+            }
+        });
+        pool.run(n_images, &|n| {
+            // SAFETY: pass 2 is done; `m` is only read now, and image n's output is this
+            // task's.
+            let m = unsafe { std::slice::from_raw_parts(mp.ptr(), 16 * ms) };
+            let finite = unsafe {
+                output_transform_small(g, m, ms, tp, n, in_registers.bias, act, out.ptr())
+            };
+            if !finite {
+                spoiled.store(true, Ordering::Relaxed);
+                return;
+            }
+            if !rest.is_empty() {
+                for co in 0..c_out {
+                    let at = (n * c_out + co) * oh * ow;
+                    // SAFETY: image n's output is this task's.
+                    let plane =
+                        unsafe { std::slice::from_raw_parts_mut(out.ptr().add(at), oh * ow) };
+                    epilogue(plane, rest.channel(co, at, oh * ow));
+                }
+            }
+        });
+    });
+    if spoiled.into_inner() {
+        direct::conv(g, xs, ws, y, post);
+    }
+}
+
+/// Image `n`'s transformed input tiles for [`conv_small`]: `v[ξ·vs + c·tp + n·T + t]` for its
+/// tile `t` of `T` (row-major, `⌈ow/2⌉` to a row) and every input channel `c`, `Bᵀ d B` of the
+/// 4×4 input tile `d` at row `2·tile_row - pad_top`, column `2·tile_column - pad_left` (zero
+/// outside the image), as [`input_transform`] computes it.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `v` must hold the 16 planes, image n's tiles this thread's.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn input_transform_small(
+    g: &Geometry,
+    xs: &[f32],
+    n: usize,
+    v: *mut f32,
+    vs: usize,
+    tp: usize,
+) {
+    let [_, c_in, h, w] = g.x;
+    let tw = g.y[3].div_ceil(2);
+    let tiles = g.y[2].div_ceil(2) * tw;
+    let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
+    assert!(tiles <= 16 && xs.len() >= (n + 1) * c_in * h * w);
+    let keep = ((1u32 << tiles) - 1) as __mmask16;
+    // Per element (r, k) of the 4×4 tiles: each tile's pixel's index in the plane, and the
+    // tiles whose pixel lies in the image.
+    let taps: [[(__m512i, __mmask16); 4]; 4] = std::array::from_fn(|r| {
+        std::array::from_fn(|k| {
+            let mut index = [0i32; 16];
+            let mut inside = 0u16;
+            for (t, at) in index.iter_mut().enumerate().take(tiles) {
+                let row = 2 * (t / tw) as isize + r as isize - pt;
+                let col = 2 * (t % tw) as isize + k as isize - pl;
+                if (0..h as isize).contains(&row) && (0..w as isize).contains(&col) {
+                    *at = (row * w as isize + col) as i32;
+                    inside |= 1 << t;
+                }
+            }
+            // SAFETY: 16 i32 values into 16 lanes.
+            (unsafe { _mm512_loadu_si512(index.as_ptr().cast()) }, inside)
+        })
+    });
+    for c in 0..c_in {
+        let plane = xs[g.x_offset(n, c, 0, 0)..][..h * w].as_ptr();
+        // Each input row transformed along the row (d B), then down the columns.
+        let e: [[__m512; 4]; 4] = std::array::from_fn(|r| {
+            let d: [__m512; 4] = std::array::from_fn(|k| {
+                let (index, inside) = taps[r][k];
+                // SAFETY: the mask lets through only indices inside the plane.
+                unsafe { _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), inside, index, plane) }
+            });
+            bt(d)
+        });
+        let columns: [[__m512; 4]; 4] =
+            std::array::from_fn(|j| bt([e[0][j], e[1][j], e[2][j], e[3][j]]));
+        for (j, column) in columns.iter().enumerate() {
+            for (i, value) in column.iter().enumerate() {
+                let to = v.wrapping_add((4 * i + j) * vs + c * tp + n * tiles);
+                // SAFETY: image n's tiles of plane (ξ, c), within the plane's `tp`.
+                unsafe { _mm512_mask_storeu_ps(to, keep, *value) };
+            }
+        }
+    }
+}
+
+/// Image `n`'s output from the products of [`conv_small`] (`m[ξ·ms + o·tp + n·T + t]`): `Aᵀ M
+/// A` of each tile, then the bias and `act`, scattered to the tile's 2×2 output pixels (those
+/// inside the image). Returns whether every result was finite (before the bias).
+///
+/// # Safety
+/// The CPU must have AVX-512F and DQ; image n of the output at `y` must be writable and this
+/// thread's alone.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn output_transform_small(
+    g: &Geometry,
+    m: &[f32],
+    ms: usize,
+    tp: usize,
+    n: usize,
+    bias: Option<&[f32]>,
+    act: Option<InRegisters>,
+    y: *mut f32,
+) -> bool {
+    let [_, c_out, oh, ow] = g.y;
+    let tw = ow.div_ceil(2);
+    let tiles = oh.div_ceil(2) * tw;
+    assert!(tiles <= 16 && m.len() >= 15 * ms + c_out * tp && (n + 1) * tiles <= tp);
+    let keep = ((1u32 << tiles) - 1) as __mmask16;
+    // Per output (a, b) of the 2×2 tiles: each tile's pixel's index in the plane, and the
+    // tiles whose pixel lies in the image.
+    let places: [[(__m512i, __mmask16); 2]; 2] = std::array::from_fn(|a| {
+        std::array::from_fn(|b| {
+            let mut index = [0i32; 16];
+            let mut inside = 0u16;
+            for (t, at) in index.iter_mut().enumerate().take(tiles) {
+                let (row, col) = (2 * (t / tw) + a, 2 * (t % tw) + b);
+                if row < oh && col < ow {
+                    *at = (row * ow + col) as i32;
+                    inside |= 1 << t;
+                }
+            }
+            // SAFETY: 16 i32 values into 16 lanes.
+            (unsafe { _mm512_loadu_si512(index.as_ptr().cast()) }, inside)
+        })
+    });
+    let inf = _mm512_set1_ps(f32::INFINITY);
+    let mp = m.as_ptr();
+    for co in 0..c_out {
+        // SAFETY: image n's tiles of plane (ξ, co), within `m` (asserted).
+        let mm: [__m512; 16] = std::array::from_fn(|xi| unsafe {
+            _mm512_maskz_loadu_ps(keep, mp.add(xi * ms + co * tp + n * tiles))
+        });
+        let b = _mm512_set1_ps(bias.map_or(0.0, |b| b[co]));
+        let plane = y.wrapping_add((n * c_out + co) * oh * ow);
+        for (a, places) in places.iter().enumerate() {
+            let s: [__m512; 4] = std::array::from_fn(|j| {
+                let (m0, m1, m2, m3) = (mm[j], mm[4 + j], mm[8 + j], mm[12 + j]);
+                if a == 0 {
+                    _mm512_add_ps(_mm512_add_ps(m0, m1), m2)
+                } else {
+                    _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3)
+                }
+            });
+            let pair = [
+                _mm512_add_ps(_mm512_add_ps(s[0], s[1]), s[2]),
+                _mm512_sub_ps(_mm512_sub_ps(s[1], s[2]), s[3]),
+            ];
+            for (bcol, &value) in pair.iter().enumerate() {
+                let (index, inside) = places[bcol];
+                let finite =
+                    _mm512_mask_cmp_ps_mask::<_CMP_LT_OQ>(inside, _mm512_abs_ps(value), inf);
+                if finite != inside {
+                    return false;
+                }
+                let mut value = _mm512_add_ps(value, b);
+                if let Some(act) = act {
+                    // SAFETY: compiled for AVX-512F and DQ.
+                    value = unsafe { act.apply(value) };
+                }
+                // SAFETY: the mask lets through only pixels of this image's plane.
+                unsafe { _mm512_mask_i32scatter_ps::<4>(plane, inside, index, value) };
+            }
+        }
+    }
+    true
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn input_transform_small(
+    _: &Geometry,
+    _: &[f32],
+    _: usize,
+    _: *mut f32,
+    _: usize,
+    _: usize,
+) {
+    unreachable!("`applies` is false without AVX-512")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn output_transform_small(
+    _: &Geometry,
+    _: &[f32],
+    _: usize,
+    _: usize,
+    _: usize,
+    _: Option<&[f32]>,
+    _: Option<InRegisters>,
+    _: *mut f32,
+) -> bool {
+    unreachable!("`applies` is false without AVX-512")
 }
 
 /// The output rows one task computes: image `n`, rows `r0..r1` (`r0` even), as tile rows of
@@ -697,6 +984,51 @@ mod tests {
             let ws = input(g.y[1] * g.x[1] * 9, seed + 1, 0, &[]);
             check_epilogues(&g, &xs, &ws, seed + 2, &format!("narrow case {case}"));
         }
+    }
+
+    /// Small images with their tiles side by side ([`conv_small`]): 7×7 and 8×8 outputs, odd
+    /// ones (3×3 tiles, the last row and column half outside), no padding and asymmetric
+    /// padding, partial blocks of output channels, exactly one block of 48 tiles and several,
+    /// with every epilogue path; and an infinity in the input, which gives the direct kernel's
+    /// output bit for bit.
+    #[test]
+    fn small_images_side_by_side_match_their_sums() {
+        if !has_avx512() {
+            eprintln!("SKIPPED: the Winograd kernel needs AVX-512, which this CPU lacks");
+            return;
+        }
+        let cases: [Case; 5] = [
+            (8, 128, 128, 7, 7, [1, 1, 1, 1]),
+            (6, 136, 130, 5, 6, [1, 1, 1, 1]),
+            (3, 128, 144, 8, 8, [1, 1, 1, 1]),
+            (12, 128, 128, 6, 9, [0, 0, 0, 0]),
+            (5, 129, 128, 7, 7, [2, 0, 0, 2]),
+        ];
+        for (case, sizes) in cases.iter().enumerate() {
+            let g = geometry(sizes);
+            assert!(applies(&g) && small(&g), "small case {case}");
+            let seed = 80 + 3 * case as u64;
+            let specials = [0.0, -0.0, 1e-40, -3e-39];
+            let xs = input(g.x.iter().product(), seed, 5, &specials);
+            let ws = input(g.y[1] * g.x[1] * 9, seed + 1, 0, &[]);
+            check_epilogues(&g, &xs, &ws, seed + 2, &format!("small case {case}"));
+        }
+        let g = geometry(&cases[0]);
+        let len = g.x.iter().product();
+        let xs = input(len, 9, len, &[f32::INFINITY]);
+        let ws = input(g.y[1] * g.x[1] * 9, 10, 0, &[]);
+        let bias: Vec<f32> = (0..g.y[1]).map(|o| o as f32 * 0.1).collect();
+        let post = Post {
+            bias: Some(&bias),
+            residual: None,
+            act: Some(Activation::Relu),
+        };
+        let (got, want) = (run(&g, &xs, &ws, post), direct_of(&g, &xs, &ws, post));
+        assert!(want.iter().any(|v| !v.is_finite()));
+        assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 
     /// Grouped convolutions of 16 and more channels per group: each group's input transform,
