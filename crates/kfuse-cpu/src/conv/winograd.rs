@@ -264,8 +264,8 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
 /// row of tiles would fill a quarter of a vector, and its 16 tiles a third of a block of the
 /// microkernel; so the tiles of all the images lie side by side, an image's 16 in one vector,
 /// and the call runs in three passes over all the threads:
-/// 1. each image's input transform, its 16 inputs of each tile gathered (the tiles in the
-///    lanes), into `V[ξ][c][n·T + t]` for image `n`'s tile `t` of `T`;
+/// 1. each image's input transform, its 16 inputs of each tile gathered (16 tiles to a
+///    vector, one lane each), into `V[ξ][c][n·T + t]` for image `n`'s tile `t` of `T`;
 /// 2. the 16 products `M[ξ] = U[ξ] · V[ξ]`, a task per `ξ` and half of the output channels,
 ///    blocks of 64 output channels at a time (their transformed weights and `V[ξ]` in L2);
 /// 3. each image's output transform, the bias and `act` in registers, its 2×2 results of each
@@ -275,7 +275,10 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
 /// the direct kernel against this: 8×512×7×7 → 512 4.05–4.08 → 2.87–2.91 ms, 8×256×7×7 → 256
 /// 0.95–0.99 → 0.64–0.67 (the band-wise path above took 8.6–8.8 ms on the first). ResNet-18
 /// (`kfuse bench resnet18`, whose last stage has three such convolutions) 52.6–59.9 → 49.3–49.7
-/// ms. At batch 1 (16 tiles, a third of a block) the direct kernel keeps them.
+/// ms. At batch 1 (16 tiles, a third of a block) the direct kernel keeps them. Larger images
+/// stay on the band-wise path: 8×256×14×14 → 256 ran 5% faster alone this way (2.59–2.66 →
+/// 2.48–2.52 ms) but ResNet-50 no faster, its `V` and `M` (6.4 MB each) passing through L3;
+/// at 28×28 and 56×56 it was 1.7 and 2.9 times slower.
 fn conv_small(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
     let [n_images, c_out, oh, ow] = g.y;
     let c_in = g.x[1];
@@ -377,44 +380,55 @@ unsafe fn input_transform_small(
     let tw = g.y[3].div_ceil(2);
     let tiles = g.y[2].div_ceil(2) * tw;
     let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
-    assert!(tiles <= 16 && xs.len() >= (n + 1) * c_in * h * w);
-    let keep = ((1u32 << tiles) - 1) as __mmask16;
-    // Per element (r, k) of the 4×4 tiles: each tile's pixel's index in the plane, and the
-    // tiles whose pixel lies in the image.
-    let taps: [[(__m512i, __mmask16); 4]; 4] = std::array::from_fn(|r| {
-        std::array::from_fn(|k| {
-            let mut index = [0i32; 16];
-            let mut inside = 0u16;
-            for (t, at) in index.iter_mut().enumerate().take(tiles) {
-                let row = 2 * (t / tw) as isize + r as isize - pt;
-                let col = 2 * (t % tw) as isize + k as isize - pl;
-                if (0..h as isize).contains(&row) && (0..w as isize).contains(&col) {
-                    *at = (row * w as isize + col) as i32;
-                    inside |= 1 << t;
-                }
-            }
-            // SAFETY: 16 i32 values into 16 lanes.
-            (unsafe { _mm512_loadu_si512(index.as_ptr().cast()) }, inside)
+    assert!(xs.len() >= (n + 1) * c_in * h * w);
+    // Per vector of 16 tiles (from tile t0) and element (r, k) of the 4×4 tiles: each tile's
+    // pixel's index in the plane, and the tiles whose pixel lies in the image.
+    let vectors: Vec<(usize, __mmask16, [[(__m512i, __mmask16); 4]; 4])> = (0..tiles)
+        .step_by(16)
+        .map(|t0| {
+            let lanes = (tiles - t0).min(16);
+            let taps = std::array::from_fn(|r| {
+                std::array::from_fn(|k| {
+                    let mut index = [0i32; 16];
+                    let mut inside = 0u16;
+                    for (l, at) in index.iter_mut().enumerate().take(lanes) {
+                        let t = t0 + l;
+                        let row = 2 * (t / tw) as isize + r as isize - pt;
+                        let col = 2 * (t % tw) as isize + k as isize - pl;
+                        if (0..h as isize).contains(&row) && (0..w as isize).contains(&col) {
+                            *at = (row * w as isize + col) as i32;
+                            inside |= 1 << l;
+                        }
+                    }
+                    // SAFETY: 16 i32 values into 16 lanes.
+                    (unsafe { _mm512_loadu_si512(index.as_ptr().cast()) }, inside)
+                })
+            });
+            (t0, ((1u32 << lanes) - 1) as __mmask16, taps)
         })
-    });
+        .collect();
     for c in 0..c_in {
         let plane = xs[g.x_offset(n, c, 0, 0)..][..h * w].as_ptr();
-        // Each input row transformed along the row (d B), then down the columns.
-        let e: [[__m512; 4]; 4] = std::array::from_fn(|r| {
-            let d: [__m512; 4] = std::array::from_fn(|k| {
-                let (index, inside) = taps[r][k];
-                // SAFETY: the mask lets through only indices inside the plane.
-                unsafe { _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), inside, index, plane) }
+        for (t0, keep, taps) in &vectors {
+            // Each input row transformed along the row (d B), then down the columns.
+            let e: [[__m512; 4]; 4] = std::array::from_fn(|r| {
+                let d: [__m512; 4] = std::array::from_fn(|k| {
+                    let (index, inside) = taps[r][k];
+                    // SAFETY: the mask lets through only indices inside the plane.
+                    unsafe {
+                        _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), inside, index, plane)
+                    }
+                });
+                bt(d)
             });
-            bt(d)
-        });
-        let columns: [[__m512; 4]; 4] =
-            std::array::from_fn(|j| bt([e[0][j], e[1][j], e[2][j], e[3][j]]));
-        for (j, column) in columns.iter().enumerate() {
-            for (i, value) in column.iter().enumerate() {
-                let to = v.wrapping_add((4 * i + j) * vs + c * tp + n * tiles);
-                // SAFETY: image n's tiles of plane (ξ, c), within the plane's `tp`.
-                unsafe { _mm512_mask_storeu_ps(to, keep, *value) };
+            let columns: [[__m512; 4]; 4] =
+                std::array::from_fn(|j| bt([e[0][j], e[1][j], e[2][j], e[3][j]]));
+            for (j, column) in columns.iter().enumerate() {
+                for (i, value) in column.iter().enumerate() {
+                    let to = v.wrapping_add((4 * i + j) * vs + c * tp + n * tiles + t0);
+                    // SAFETY: image n's tiles of plane (ξ, c), within the plane's `tp`.
+                    unsafe { _mm512_mask_storeu_ps(to, *keep, *value) };
+                }
             }
         }
     }
@@ -443,61 +457,70 @@ unsafe fn output_transform_small(
     let [_, c_out, oh, ow] = g.y;
     let tw = ow.div_ceil(2);
     let tiles = oh.div_ceil(2) * tw;
-    assert!(tiles <= 16 && m.len() >= 15 * ms + c_out * tp && (n + 1) * tiles <= tp);
-    let keep = ((1u32 << tiles) - 1) as __mmask16;
-    // Per output (a, b) of the 2×2 tiles: each tile's pixel's index in the plane, and the
-    // tiles whose pixel lies in the image.
-    let places: [[(__m512i, __mmask16); 2]; 2] = std::array::from_fn(|a| {
-        std::array::from_fn(|b| {
-            let mut index = [0i32; 16];
-            let mut inside = 0u16;
-            for (t, at) in index.iter_mut().enumerate().take(tiles) {
-                let (row, col) = (2 * (t / tw) + a, 2 * (t % tw) + b);
-                if row < oh && col < ow {
-                    *at = (row * ow + col) as i32;
-                    inside |= 1 << t;
-                }
-            }
-            // SAFETY: 16 i32 values into 16 lanes.
-            (unsafe { _mm512_loadu_si512(index.as_ptr().cast()) }, inside)
+    assert!(m.len() >= 15 * ms + c_out * tp && (n + 1) * tiles <= tp);
+    // Per vector of 16 tiles (from tile t0) and output (a, b) of the 2×2 tiles: each tile's
+    // pixel's index in the plane, and the tiles whose pixel lies in the image.
+    let vectors: Vec<(usize, __mmask16, [[(__m512i, __mmask16); 2]; 2])> = (0..tiles)
+        .step_by(16)
+        .map(|t0| {
+            let lanes = (tiles - t0).min(16);
+            let places = std::array::from_fn(|a| {
+                std::array::from_fn(|b| {
+                    let mut index = [0i32; 16];
+                    let mut inside = 0u16;
+                    for (l, at) in index.iter_mut().enumerate().take(lanes) {
+                        let t = t0 + l;
+                        let (row, col) = (2 * (t / tw) + a, 2 * (t % tw) + b);
+                        if row < oh && col < ow {
+                            *at = (row * ow + col) as i32;
+                            inside |= 1 << l;
+                        }
+                    }
+                    // SAFETY: 16 i32 values into 16 lanes.
+                    (unsafe { _mm512_loadu_si512(index.as_ptr().cast()) }, inside)
+                })
+            });
+            (t0, ((1u32 << lanes) - 1) as __mmask16, places)
         })
-    });
+        .collect();
     let inf = _mm512_set1_ps(f32::INFINITY);
     let mp = m.as_ptr();
     for co in 0..c_out {
-        // SAFETY: image n's tiles of plane (ξ, co), within `m` (asserted).
-        let mm: [__m512; 16] = std::array::from_fn(|xi| unsafe {
-            _mm512_maskz_loadu_ps(keep, mp.add(xi * ms + co * tp + n * tiles))
-        });
         let b = _mm512_set1_ps(bias.map_or(0.0, |b| b[co]));
         let plane = y.wrapping_add((n * c_out + co) * oh * ow);
-        for (a, places) in places.iter().enumerate() {
-            let s: [__m512; 4] = std::array::from_fn(|j| {
-                let (m0, m1, m2, m3) = (mm[j], mm[4 + j], mm[8 + j], mm[12 + j]);
-                if a == 0 {
-                    _mm512_add_ps(_mm512_add_ps(m0, m1), m2)
-                } else {
-                    _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3)
-                }
+        for (t0, keep, places) in &vectors {
+            // SAFETY: image n's tiles of plane (ξ, co), within `m` (asserted).
+            let mm: [__m512; 16] = std::array::from_fn(|xi| unsafe {
+                _mm512_maskz_loadu_ps(*keep, mp.add(xi * ms + co * tp + n * tiles + t0))
             });
-            let pair = [
-                _mm512_add_ps(_mm512_add_ps(s[0], s[1]), s[2]),
-                _mm512_sub_ps(_mm512_sub_ps(s[1], s[2]), s[3]),
-            ];
-            for (bcol, &value) in pair.iter().enumerate() {
-                let (index, inside) = places[bcol];
-                let finite =
-                    _mm512_mask_cmp_ps_mask::<_CMP_LT_OQ>(inside, _mm512_abs_ps(value), inf);
-                if finite != inside {
-                    return false;
+            for (a, places) in places.iter().enumerate() {
+                let s: [__m512; 4] = std::array::from_fn(|j| {
+                    let (m0, m1, m2, m3) = (mm[j], mm[4 + j], mm[8 + j], mm[12 + j]);
+                    if a == 0 {
+                        _mm512_add_ps(_mm512_add_ps(m0, m1), m2)
+                    } else {
+                        _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3)
+                    }
+                });
+                let pair = [
+                    _mm512_add_ps(_mm512_add_ps(s[0], s[1]), s[2]),
+                    _mm512_sub_ps(_mm512_sub_ps(s[1], s[2]), s[3]),
+                ];
+                for (bcol, &value) in pair.iter().enumerate() {
+                    let (index, inside) = places[bcol];
+                    let finite =
+                        _mm512_mask_cmp_ps_mask::<_CMP_LT_OQ>(inside, _mm512_abs_ps(value), inf);
+                    if finite != inside {
+                        return false;
+                    }
+                    let mut value = _mm512_add_ps(value, b);
+                    if let Some(act) = act {
+                        // SAFETY: compiled for AVX-512F and DQ.
+                        value = unsafe { act.apply(value) };
+                    }
+                    // SAFETY: the mask lets through only pixels of this image's plane.
+                    unsafe { _mm512_mask_i32scatter_ps::<4>(plane, inside, index, value) };
                 }
-                let mut value = _mm512_add_ps(value, b);
-                if let Some(act) = act {
-                    // SAFETY: compiled for AVX-512F and DQ.
-                    value = unsafe { act.apply(value) };
-                }
-                // SAFETY: the mask lets through only pixels of this image's plane.
-                unsafe { _mm512_mask_i32scatter_ps::<4>(plane, inside, index, value) };
             }
         }
     }
