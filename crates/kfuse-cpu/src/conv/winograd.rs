@@ -359,6 +359,12 @@ fn conv_small(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
     }
 }
 
+/// A vector of up to 16 consecutive tiles of an image: its first tile, its lanes, and per
+/// element `(r, k)` of the tiles (`E × E` of them) each lane's pixel's index in the plane with
+/// the lanes whose pixel lies in the image.
+#[cfg(target_arch = "x86_64")]
+type TileLanes<const E: usize> = (usize, __mmask16, [[(__m512i, __mmask16); E]; E]);
+
 /// Image `n`'s transformed input tiles for [`conv_small`]: `v[ξ·vs + c·tp + n·T + t]` for its
 /// tile `t` of `T` (row-major, `⌈ow/2⌉` to a row) and every input channel `c`, `Bᵀ d B` of the
 /// 4×4 input tile `d` at row `2·tile_row - pad_top`, column `2·tile_column - pad_left` (zero
@@ -383,7 +389,7 @@ unsafe fn input_transform_small(
     assert!(xs.len() >= (n + 1) * c_in * h * w);
     // Per vector of 16 tiles (from tile t0) and element (r, k) of the 4×4 tiles: each tile's
     // pixel's index in the plane, and the tiles whose pixel lies in the image.
-    let vectors: Vec<(usize, __mmask16, [[(__m512i, __mmask16); 4]; 4])> = (0..tiles)
+    let vectors: Vec<TileLanes<4>> = (0..tiles)
         .step_by(16)
         .map(|t0| {
             let lanes = (tiles - t0).min(16);
@@ -460,7 +466,7 @@ unsafe fn output_transform_small(
     assert!(m.len() >= 15 * ms + c_out * tp && (n + 1) * tiles <= tp);
     // Per vector of 16 tiles (from tile t0) and output (a, b) of the 2×2 tiles: each tile's
     // pixel's index in the plane, and the tiles whose pixel lies in the image.
-    let vectors: Vec<(usize, __mmask16, [[(__m512i, __mmask16); 2]; 2])> = (0..tiles)
+    let vectors: Vec<TileLanes<2>> = (0..tiles)
         .step_by(16)
         .map(|t0| {
             let lanes = (tiles - t0).min(16);
