@@ -128,6 +128,9 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
     if small(g) {
         return conv_small(g, xs, ws, y, post);
     }
+    if g.y[3] < MIN_WIDTH && g.groups == 1 {
+        return conv_tiles(g, xs, ws, y, post);
+    }
     let [n_images, c_out, oh, ow] = g.y;
     // Per group: `c_in` channels in, `og` out.
     let (c_in, og) = (g.in_channels_per_group(), g.out_channels_per_group());
@@ -292,6 +295,12 @@ fn conv_small(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
     let act = InRegisters::of(in_registers.act);
     let tiles = oh.div_ceil(2) * ow.div_ceil(2);
     let p = n_images * tiles;
+    let pads = [g.pad[0] as isize, g.pad[1] as isize];
+    // The transforms index the images' pixels in 32 bits.
+    let [_, _, h, w] = g.x;
+    if (n_images * c_in * h * w).max(n_images * c_out * oh * ow) > i32::MAX as usize {
+        return direct::conv(g, xs, ws, y, post);
+    }
     let tp = p.div_ceil(16) * 16;
     let blocks = c_out.div_ceil(OB);
     // The 16 planes of `V` and of `M`, a line more than their rows apart (see `conv`).
@@ -309,8 +318,12 @@ fn conv_small(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
         }
         let (vp, mp) = (Out(v.as_mut_ptr()), Out(m.as_mut_ptr()));
         pool.run(n_images, &|n| {
-            // SAFETY: `applies` checked AVX-512; image n's tiles of `v` are this task's.
-            unsafe { input_transform_small(g, xs, n, vp.ptr(), vs, tp) };
+            let image = n * tiles..(n + 1) * tiles;
+            let [_, c, h, w] = g.x;
+            let lanes = tile_lanes(g, image, 0, pads, [h, w, c * h * w]);
+            // SAFETY: `applies` checked AVX-512; the lanes index image n's pixels, and its
+            // tiles' places in `v` are this task's.
+            unsafe { input_transform_tiles(g, xs, &lanes.expect("checked"), vp.ptr(), vs, tp) };
         });
         // A task per ξ and half of the output channels (in whole blocks).
         let half = blocks.div_ceil(2);
@@ -336,8 +349,21 @@ fn conv_small(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
             // SAFETY: pass 2 is done; `m` is only read now, and image n's output is this
             // task's.
             let m = unsafe { std::slice::from_raw_parts(mp.ptr(), 16 * ms) };
+            let image = n * tiles..(n + 1) * tiles;
+            let lanes = tile_lanes(g, image, 0, [0, 0], [oh, ow, c_out * oh * ow]);
+            // SAFETY: as above; the lanes index image n's output pixels.
             let finite = unsafe {
-                output_transform_small(g, m, ms, tp, n, in_registers.bias, act, out.ptr())
+                output_transform_tiles(
+                    g,
+                    m,
+                    ms,
+                    tp,
+                    &lanes.expect("checked"),
+                    0..c_out,
+                    in_registers.bias,
+                    act,
+                    out.ptr(),
+                )
             };
             if !finite {
                 spoiled.store(true, Ordering::Relaxed);
@@ -359,50 +385,167 @@ fn conv_small(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
     }
 }
 
-/// A vector of up to 16 consecutive tiles of an image: its first tile, its lanes, and per
-/// element `(r, k)` of the tiles (`E × E` of them) each lane's pixel's index in the plane with
-/// the lanes whose pixel lies in the image.
+/// [`conv`] in tasks of [`direct::QB`] tiles numbered across the images (an image's tiles
+/// row-major, `T` of them): each task transforms its tiles' input (gathered, 16 tiles to a
+/// vector), runs the 16 products over them in blocks of [`CB`] output channels and
+/// transforms those back (scattered to the output), as a band does in [`conv`], whose bands of
+/// whole tile rows leave the microkernel's last block partly empty (14×14: 35 of 48 tiles and
+/// 14 of 16). The rest of the epilogue runs over each image after all tasks. Taken for outputs
+/// narrower than [`MIN_WIDTH`] of one group. `conv::conv2d` alone with bias and ReLU (`EPI=1
+/// conv_shapes`), three alternating runs, bands against tasks of tiles: 8×256×14×14 → 256
+/// 2.66–2.68 → 2.22–2.27 ms, 8×128×14×14 → 128 0.71 → 0.63–0.65; `kfuse bench resnet18`
+/// 55.8–57.0 → 53.2–54.7 ms. In ResNet-50 its five such convolutions took as long either way
+/// (2.54–2.68 ms each in the trace). At 28×28 (2.28 → 2.48 ms for 128 channels) and 56×56
+/// the bands keep them: their rows of 14 and 28 tiles fill the blocks.
+fn conv_tiles(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
+    let [n_images, c_out, oh, ow] = g.y;
+    let [_, c_in, h, w] = g.x;
+    let u = transformed_weights(ws, 1, c_out, c_in);
+    if !constants::holds(ws, constants::FINITE_TRANSFORMED, || {
+        u.iter().all(|v| v.is_finite())
+    }) {
+        return direct::conv(g, xs, ws, y, post);
+    }
+    if (n_images * c_in * h * w).max(n_images * c_out * oh * ow) > i32::MAX as usize {
+        return direct::conv(g, xs, ws, y, post);
+    }
+    let (in_registers, rest) = direct::split(post, false);
+    let act = InRegisters::of(in_registers.act);
+    let all = n_images * oh.div_ceil(2) * ow.div_ceil(2);
+    let blocks = c_out.div_ceil(OB);
+    let tp = direct::QB;
+    let cb = c_out.min(CB);
+    let (vs, ms) = (c_in * tp + 16, cb * tp + 16);
+    let pads = [g.pad[0] as isize, g.pad[1] as isize];
+    let spoiled = AtomicBool::new(false);
+    let out = Out(y.as_mut_ptr());
+    let pool = crate::Pool::global();
+    pool.run(all.div_ceil(tp), &|task| {
+        if spoiled.load(Ordering::Relaxed) {
+            return;
+        }
+        let tiles = task * tp..((task + 1) * tp).min(all);
+        let (first, count) = (tiles.start, tiles.len());
+        let inputs = tile_lanes(g, tiles.clone(), first, pads, [h, w, c_in * h * w]);
+        let outputs = tile_lanes(g, tiles, first, [0, 0], [oh, ow, c_out * oh * ow]);
+        let (Some(inputs), Some(outputs)) = (inputs, outputs) else {
+            unreachable!("the indices were checked to fit")
+        };
+        with_scratch(16 * vs + 16 * ms, |scratch: &mut [f32]| {
+            let (v, m) = scratch.split_at_mut(16 * vs);
+            // Positions past the last tile are read by the last block's vectors (never
+            // stored).
+            for xi in 0..16 {
+                for c in 0..c_in {
+                    v[xi * vs + c * tp + count..][..tp - count].fill(0.0);
+                }
+            }
+            // SAFETY: `applies` checked AVX-512; the lanes index the images' pixels, and `v`
+            // is this task's.
+            unsafe { input_transform_tiles(g, xs, &inputs, v.as_mut_ptr(), vs, tp) };
+            for c0 in (0..c_out).step_by(cb) {
+                let cc = cb.min(c_out - c0);
+                let (b0, b1) = (c0 / OB, (c0 + cc).div_ceil(OB));
+                for xi in 0..16 {
+                    let dst = Dst {
+                        ptr: m[xi * ms..].as_mut_ptr(),
+                        stride: tp,
+                        channels: cc,
+                        valid: count,
+                    };
+                    let w = &u[(xi * blocks + b0) * c_in * OB..][..(b1 - b0) * c_in * OB];
+                    // SAFETY: `dst` addresses `cc` rows of `tp` of this task's `m`.
+                    unsafe {
+                        direct::compute(
+                            &v[xi * vs..][..c_in * tp],
+                            tp,
+                            &[0],
+                            w,
+                            dst,
+                            None,
+                            None,
+                            None,
+                            false,
+                            &[],
+                        )
+                    };
+                }
+                // SAFETY: the lanes index the tiles' output pixels, this task's alone.
+                let finite = unsafe {
+                    output_transform_tiles(
+                        g,
+                        m,
+                        ms,
+                        tp,
+                        &outputs,
+                        c0..c0 + cc,
+                        in_registers.bias,
+                        act,
+                        out.ptr(),
+                    )
+                };
+                if !finite {
+                    spoiled.store(true, Ordering::Relaxed);
+                    return;
+                }
+            }
+        })
+    });
+    if spoiled.into_inner() {
+        return direct::conv(g, xs, ws, y, post);
+    }
+    if !rest.is_empty() {
+        pool.run(n_images, &|n| {
+            for co in 0..c_out {
+                let at = (n * c_out + co) * oh * ow;
+                // SAFETY: image n's output is this task's.
+                let plane = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(at), oh * ow) };
+                epilogue(plane, rest.channel(co, at, oh * ow));
+            }
+        });
+    }
+}
+
+/// A vector of up to 16 consecutive tiles: its first tile's place in the transformed planes,
+/// its lanes, and per element `(r, k)` of the tiles (`E × E` of them) each lane's pixel's
+/// index (from its image's first plane, or the output's) with the lanes whose pixel lies in
+/// the image.
 #[cfg(target_arch = "x86_64")]
 type TileLanes<const E: usize> = (usize, __mmask16, [[(__m512i, __mmask16); E]; E]);
 
-/// Image `n`'s transformed input tiles for [`conv_small`]: `v[ξ·vs + c·tp + n·T + t]` for its
-/// tile `t` of `T` (row-major, `⌈ow/2⌉` to a row) and every input channel `c`, `Bᵀ d B` of the
-/// 4×4 input tile `d` at row `2·tile_row - pad_top`, column `2·tile_column - pad_left` (zero
-/// outside the image), as [`input_transform`] computes it.
-///
-/// # Safety
-/// The CPU must have AVX-512F; `v` must hold the 16 planes, image n's tiles this thread's.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn input_transform_small(
+/// The tiles `tiles` (numbered across the images, `T` to an image, row-major within it, `⌈ow /
+/// 2⌉` to a row) in vectors of 16: for each vector, its first tile less `origin`, its lanes,
+/// and per element `(r, k)` of an `E × E` tile (its pixel at `(2 tile_row + r - top, 2
+/// tile_column + k - left)` in images of `h × w` pixels, `plane` elements apart) the pixel's
+/// index from image 0, and the lanes inside the image. `None` where an index would not fit
+/// in 32 bits.
+fn tile_lanes<const E: usize>(
     g: &Geometry,
-    xs: &[f32],
-    n: usize,
-    v: *mut f32,
-    vs: usize,
-    tp: usize,
-) {
-    let [_, c_in, h, w] = g.x;
+    tiles: std::ops::Range<usize>,
+    origin: usize,
+    [top, left]: [isize; 2],
+    [h, w, plane]: [usize; 3],
+) -> Option<Vec<TileLanes<E>>> {
     let tw = g.y[3].div_ceil(2);
-    let tiles = g.y[2].div_ceil(2) * tw;
-    let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
-    assert!(xs.len() >= (n + 1) * c_in * h * w);
-    // Per vector of 16 tiles (from tile t0) and element (r, k) of the 4×4 tiles: each tile's
-    // pixel's index in the plane, and the tiles whose pixel lies in the image.
-    let vectors: Vec<TileLanes<4>> = (0..tiles)
+    let per_image = g.y[2].div_ceil(2) * tw;
+    if g.y[0] * plane > i32::MAX as usize {
+        return None;
+    }
+    let vectors = tiles
+        .clone()
         .step_by(16)
         .map(|t0| {
-            let lanes = (tiles - t0).min(16);
-            let taps = std::array::from_fn(|r| {
+            let lanes = (tiles.end - t0).min(16);
+            let indices = std::array::from_fn(|r| {
                 std::array::from_fn(|k| {
                     let mut index = [0i32; 16];
                     let mut inside = 0u16;
                     for (l, at) in index.iter_mut().enumerate().take(lanes) {
-                        let t = t0 + l;
-                        let row = 2 * (t / tw) as isize + r as isize - pt;
-                        let col = 2 * (t % tw) as isize + k as isize - pl;
+                        let (n, t) = ((t0 + l) / per_image, (t0 + l) % per_image);
+                        let row = 2 * (t / tw) as isize + r as isize - top;
+                        let col = 2 * (t % tw) as isize + k as isize - left;
                         if (0..h as isize).contains(&row) && (0..w as isize).contains(&col) {
-                            *at = (row * w as isize + col) as i32;
+                            *at = (n * plane) as i32 + (row * w as isize + col) as i32;
                             inside |= 1 << l;
                         }
                     }
@@ -410,17 +553,41 @@ unsafe fn input_transform_small(
                     (unsafe { _mm512_loadu_si512(index.as_ptr().cast()) }, inside)
                 })
             });
-            (t0, ((1u32 << lanes) - 1) as __mmask16, taps)
+            (t0 - origin, ((1u32 << lanes) - 1) as __mmask16, indices)
         })
         .collect();
+    Some(vectors)
+}
+
+/// Transformed input tiles: `v[ξ·vs + c·tp + t - origin]` for each tile `t` of `vectors` (see
+/// [`tile_lanes`], for the input's pixels and padding) and every input channel `c`, `Bᵀ d B`
+/// of the 4×4 input tile `d` at row `2·tile_row - pad_top`, column `2·tile_column - pad_left`
+/// of its image (zero outside it), as [`input_transform`] computes it: 16 tiles to a vector,
+/// their inputs gathered.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `vectors` must index pixels of `xs`'s images (`g.x`), and `v`
+/// must hold the 16 planes, the tiles' places this thread's.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn input_transform_tiles(
+    g: &Geometry,
+    xs: &[f32],
+    vectors: &[TileLanes<4>],
+    v: *mut f32,
+    vs: usize,
+    tp: usize,
+) {
+    let [n_images, c_in, h, w] = g.x;
+    assert!(xs.len() >= n_images * c_in * h * w);
     for c in 0..c_in {
-        let plane = xs[g.x_offset(n, c, 0, 0)..][..h * w].as_ptr();
-        for (t0, keep, taps) in &vectors {
+        let plane = xs[g.x_offset(0, c, 0, 0)..].as_ptr();
+        for (at, keep, taps) in vectors {
             // Each input row transformed along the row (d B), then down the columns.
             let e: [[__m512; 4]; 4] = std::array::from_fn(|r| {
                 let d: [__m512; 4] = std::array::from_fn(|k| {
                     let (index, inside) = taps[r][k];
-                    // SAFETY: the mask lets through only indices inside the plane.
+                    // SAFETY: the mask lets through only indices of the images' pixels.
                     unsafe {
                         _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), inside, index, plane)
                     }
@@ -431,8 +598,8 @@ unsafe fn input_transform_small(
                 std::array::from_fn(|j| bt([e[0][j], e[1][j], e[2][j], e[3][j]]));
             for (j, column) in columns.iter().enumerate() {
                 for (i, value) in column.iter().enumerate() {
-                    let to = v.wrapping_add((4 * i + j) * vs + c * tp + n * tiles + t0);
-                    // SAFETY: image n's tiles of plane (ξ, c), within the plane's `tp`.
+                    let to = v.wrapping_add((4 * i + j) * vs + c * tp + at);
+                    // SAFETY: the tiles' places in plane (ξ, c), as the caller vouches.
                     unsafe { _mm512_mask_storeu_ps(to, *keep, *value) };
                 }
             }
@@ -440,64 +607,40 @@ unsafe fn input_transform_small(
     }
 }
 
-/// Image `n`'s output from the products of [`conv_small`] (`m[ξ·ms + o·tp + n·T + t]`): `Aᵀ M
-/// A` of each tile, then the bias and `act`, scattered to the tile's 2×2 output pixels (those
-/// inside the image). Returns whether every result was finite (before the bias).
+/// Output channels `chans` from their products `m[ξ·ms + o·tp + t - origin]` (`o` from
+/// `chans.start`) of the tiles of `vectors` (see [`tile_lanes`], for the output's pixels):
+/// `Aᵀ M A` of each tile, then the bias and `act`, scattered to the tile's 2×2 output pixels
+/// (those inside the image). Returns whether every result was finite (before the bias).
 ///
 /// # Safety
-/// The CPU must have AVX-512F and DQ; image n of the output at `y` must be writable and this
-/// thread's alone.
+/// The CPU must have AVX-512F and DQ; `vectors` must index pixels of the output at `y`
+/// (`g.y`), and those of channels `chans` must be writable and this thread's alone.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn output_transform_small(
+unsafe fn output_transform_tiles(
     g: &Geometry,
     m: &[f32],
     ms: usize,
     tp: usize,
-    n: usize,
+    vectors: &[TileLanes<2>],
+    chans: std::ops::Range<usize>,
     bias: Option<&[f32]>,
     act: Option<InRegisters>,
     y: *mut f32,
 ) -> bool {
-    let [_, c_out, oh, ow] = g.y;
-    let tw = ow.div_ceil(2);
-    let tiles = oh.div_ceil(2) * tw;
-    assert!(m.len() >= 15 * ms + c_out * tp && (n + 1) * tiles <= tp);
-    // Per vector of 16 tiles (from tile t0) and output (a, b) of the 2×2 tiles: each tile's
-    // pixel's index in the plane, and the tiles whose pixel lies in the image.
-    let vectors: Vec<TileLanes<2>> = (0..tiles)
-        .step_by(16)
-        .map(|t0| {
-            let lanes = (tiles - t0).min(16);
-            let places = std::array::from_fn(|a| {
-                std::array::from_fn(|b| {
-                    let mut index = [0i32; 16];
-                    let mut inside = 0u16;
-                    for (l, at) in index.iter_mut().enumerate().take(lanes) {
-                        let t = t0 + l;
-                        let (row, col) = (2 * (t / tw) + a, 2 * (t % tw) + b);
-                        if row < oh && col < ow {
-                            *at = (row * ow + col) as i32;
-                            inside |= 1 << l;
-                        }
-                    }
-                    // SAFETY: 16 i32 values into 16 lanes.
-                    (unsafe { _mm512_loadu_si512(index.as_ptr().cast()) }, inside)
-                })
-            });
-            (t0, ((1u32 << lanes) - 1) as __mmask16, places)
-        })
-        .collect();
+    let [_, _, oh, ow] = g.y;
+    let reach = vectors.iter().map(|v| v.0 + 16).max().unwrap_or(0);
+    assert!(m.len() >= 15 * ms + chans.len().saturating_sub(1) * tp + reach.min(tp));
     let inf = _mm512_set1_ps(f32::INFINITY);
     let mp = m.as_ptr();
-    for co in 0..c_out {
+    for (o, co) in chans.enumerate() {
         let b = _mm512_set1_ps(bias.map_or(0.0, |b| b[co]));
-        let plane = y.wrapping_add((n * c_out + co) * oh * ow);
-        for (t0, keep, places) in &vectors {
-            // SAFETY: image n's tiles of plane (ξ, co), within `m` (asserted).
+        let plane = y.wrapping_add(co * oh * ow);
+        for (at, keep, places) in vectors {
+            // SAFETY: the tiles' lanes of plane (ξ, o), within `m` (asserted).
             let mm: [__m512; 16] = std::array::from_fn(|xi| unsafe {
-                _mm512_maskz_loadu_ps(*keep, mp.add(xi * ms + co * tp + n * tiles + t0))
+                _mm512_maskz_loadu_ps(*keep, mp.add(xi * ms + o * tp + at))
             });
             for (a, places) in places.iter().enumerate() {
                 let s: [__m512; 4] = std::array::from_fn(|j| {
@@ -524,7 +667,8 @@ unsafe fn output_transform_small(
                         // SAFETY: compiled for AVX-512F and DQ.
                         value = unsafe { act.apply(value) };
                     }
-                    // SAFETY: the mask lets through only pixels of this image's plane.
+                    // SAFETY: the mask lets through only pixels of channel co of the tiles'
+                    // images.
                     unsafe { _mm512_mask_i32scatter_ps::<4>(plane, inside, index, value) };
                 }
             }
@@ -534,10 +678,10 @@ unsafe fn output_transform_small(
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn input_transform_small(
+unsafe fn input_transform_tiles(
     _: &Geometry,
     _: &[f32],
-    _: usize,
+    _: &[TileLanes<4>],
     _: *mut f32,
     _: usize,
     _: usize,
@@ -547,12 +691,13 @@ unsafe fn input_transform_small(
 
 #[cfg(not(target_arch = "x86_64"))]
 #[allow(clippy::too_many_arguments)]
-unsafe fn output_transform_small(
+unsafe fn output_transform_tiles(
     _: &Geometry,
     _: &[f32],
     _: usize,
     _: usize,
-    _: usize,
+    _: &[TileLanes<2>],
+    _: std::ops::Range<usize>,
     _: Option<&[f32]>,
     _: Option<InRegisters>,
     _: *mut f32,
@@ -987,9 +1132,11 @@ mod tests {
     }
 
     /// Outputs narrower than [`MIN_WIDTH`] (taken with many channels and a large batch, see
-    /// [`MIN_NARROW_WIDTH`]): rows of 10 to 23 outputs, odd ones, partial channel blocks,
-    /// asymmetric padding, with every epilogue path. Whether `applies` takes them depends on
-    /// the threads (the batch per thread); the kernel is run on them either way.
+    /// [`MIN_NARROW_WIDTH`]), in tasks of tiles across the images ([`conv_tiles`]): rows of 10
+    /// to 23 outputs, odd ones, partial channel blocks, asymmetric padding, tasks of fewer
+    /// tiles than a block, with every epilogue path; and an infinity in the input. Whether
+    /// `applies` takes them depends on the threads (the batch per thread); the kernel is run on
+    /// them either way.
     #[test]
     fn narrow_outputs_of_many_channels_match_their_sums() {
         if !has_avx512() {
@@ -1013,6 +1160,22 @@ mod tests {
             let ws = input(g.y[1] * g.x[1] * 9, seed + 1, 0, &[]);
             check_epilogues(&g, &xs, &ws, seed + 2, &format!("narrow case {case}"));
         }
+        // An infinity in the input: the direct kernel's output, bit for bit.
+        let g = geometry(&cases[0]);
+        let len = g.x.iter().product();
+        let xs = input(len, 70, len, &[f32::INFINITY]);
+        let ws = input(g.y[1] * g.x[1] * 9, 71, 0, &[]);
+        let post = Post {
+            bias: None,
+            residual: None,
+            act: Some(Activation::Relu),
+        };
+        let (got, want) = (run(&g, &xs, &ws, post), direct_of(&g, &xs, &ws, post));
+        assert!(want.iter().any(|v| !v.is_finite()));
+        assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 
     /// Small images with their tiles side by side ([`conv_small`]): 7×7 and 8×8 outputs, odd
