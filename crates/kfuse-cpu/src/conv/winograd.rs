@@ -323,7 +323,10 @@ fn conv_small(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
             let lanes = tile_lanes(g, image, 0, pads, [h, w, c * h * w]);
             // SAFETY: `applies` checked AVX-512; the lanes index image n's pixels, and its
             // tiles' places in `v` are this task's.
-            unsafe { input_transform_tiles(g, xs, &lanes.expect("checked"), vp.ptr(), vs, tp) };
+            unsafe {
+                let lanes = lanes.expect("checked");
+                input_transform_tiles(g, xs, (&lanes, n..n + 1), vp.ptr(), vs, tp)
+            };
         });
         // A task per ξ and half of the output channels (in whole blocks).
         let half = blocks.div_ceil(2);
@@ -411,7 +414,8 @@ fn conv_tiles(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
     }
     let (in_registers, rest) = direct::split(post, false);
     let act = InRegisters::of(in_registers.act);
-    let all = n_images * oh.div_ceil(2) * ow.div_ceil(2);
+    let per_image = oh.div_ceil(2) * ow.div_ceil(2);
+    let all = n_images * per_image;
     let blocks = c_out.div_ceil(OB);
     let tp = direct::QB;
     let cb = c_out.min(CB);
@@ -442,7 +446,8 @@ fn conv_tiles(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
             }
             // SAFETY: `applies` checked AVX-512; the lanes index the images' pixels, and `v`
             // is this task's.
-            unsafe { input_transform_tiles(g, xs, &inputs, v.as_mut_ptr(), vs, tp) };
+            let images = first / per_image..(first + count - 1) / per_image + 1;
+            unsafe { input_transform_tiles(g, xs, (&inputs, images), v.as_mut_ptr(), vs, tp) };
             for c0 in (0..c_out).step_by(cb) {
                 let cc = cb.min(c_out - c0);
                 let (b0, b1) = (c0 / OB, (c0 + cc).div_ceil(OB));
@@ -560,7 +565,7 @@ fn tile_lanes<const E: usize>(
 }
 
 /// Transformed input tiles: `v[ξ·vs + c·tp + t - origin]` for each tile `t` of `vectors` (see
-/// [`tile_lanes`], for the input's pixels and padding) and every input channel `c`, `Bᵀ d B`
+/// [`tile_lanes`], for the input's pixels and padding), which lie in `images` and every input channel `c`, `Bᵀ d B`
 /// of the 4×4 input tile `d` at row `2·tile_row - pad_top`, column `2·tile_column - pad_left`
 /// of its image (zero outside it), as [`input_transform`] computes it: 16 tiles to a vector,
 /// their inputs gathered.
@@ -573,7 +578,7 @@ fn tile_lanes<const E: usize>(
 unsafe fn input_transform_tiles(
     g: &Geometry,
     xs: &[f32],
-    vectors: &[TileLanes<4>],
+    (vectors, images): (&[TileLanes<4>], std::ops::Range<usize>),
     v: *mut f32,
     vs: usize,
     tp: usize,
@@ -582,6 +587,16 @@ unsafe fn input_transform_tiles(
     assert!(xs.len() >= n_images * c_in * h * w);
     for c in 0..c_in {
         let plane = xs[g.x_offset(0, c, 0, 0)..].as_ptr();
+        // Each channel's planes of the tiles' images are asked for a few channels ahead (a
+        // gather's lines, from L3, would each wait in turn).
+        if c + PREFETCH < c_in {
+            for n in images.clone() {
+                let ahead = xs[g.x_offset(n, c + PREFETCH, 0, 0)..][..h * w].as_ptr();
+                for line in (0..h * w).step_by(16) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+                }
+            }
+        }
         for (at, keep, taps) in vectors {
             // Each input row transformed along the row (d B), then down the columns.
             let e: [[__m512; 4]; 4] = std::array::from_fn(|r| {
