@@ -353,7 +353,18 @@ unsafe fn dot_tile(rows: usize, t: &Tile, f: Option<&Finish>) {
             }
         }
     }
-    let Some(f) = after else { return };
+    if let Some(f) = after {
+        // SAFETY: forwarded from the caller.
+        unsafe { finish_stored(rows, t, f) };
+    }
+}
+
+/// The stored `rows × t.cols` tile at `t.c` finished by the epilogue a pass over the output
+/// would run, row by row in L1.
+///
+/// # Safety
+/// The tile's rows must be this thread's, and `f`'s operands at its first row and element.
+unsafe fn finish_stored(rows: usize, t: &Tile, f: &Finish) {
     for i in 0..rows {
         // SAFETY: the tile's rows and the finish's operands, as the caller vouches.
         unsafe {
@@ -592,21 +603,7 @@ unsafe fn finished(rows: usize, t: &Tile, f: &Finish) {
             },
             _ => {
                 dispatch(rows, t.cols.div_ceil(16), t);
-                for i in 0..rows {
-                    let row = std::slice::from_raw_parts_mut(t.c.add(i * t.ldc), t.cols);
-                    let residual = f
-                        .residual
-                        .map(|r| std::slice::from_raw_parts(r.add(i * t.ldc), t.cols));
-                    let tail = Tail {
-                        bias: f
-                            .row_bias
-                            .map_or(RowBias::None, |b| RowBias::Same(*b.add(i))),
-                        scale: RowBias::None,
-                        residual,
-                        activation: f.activation,
-                    };
-                    epilogue(row, tail);
-                }
+                finish_stored(rows, t, f);
             }
         }
     }

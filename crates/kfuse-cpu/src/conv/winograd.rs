@@ -184,30 +184,18 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                         group * per_group + (c0 + cc).div_ceil(OB),
                     );
                     let c0 = group * og + c0;
-                    for xi in 0..16 {
-                        let dst = Dst {
-                            ptr: m[xi * ms..].as_mut_ptr(),
-                            stride: tp,
-                            channels: cc,
-                            valid: tiles,
-                        };
-                        let w = &u[(xi * blocks + b0) * c_in * OB..][..(b1 - b0) * c_in * OB];
-                        // SAFETY: `dst` addresses `cc` rows of `tp` of this task's `m`.
-                        unsafe {
-                            direct::compute(
-                                &v[xi * vs..][..c_in * tp],
-                                tp,
-                                &[0],
-                                w,
-                                dst,
-                                None,
-                                None,
-                                None,
-                                false,
-                                &[],
-                            )
-                        };
-                    }
+                    // SAFETY: `m`'s planes hold `cc` rows of `tp`, this task's.
+                    unsafe {
+                        products(
+                            (&u, blocks),
+                            b0..b1,
+                            c_in,
+                            (v, vs),
+                            (m, ms),
+                            tp,
+                            (cc, tiles),
+                        )
+                    };
                     // SAFETY: as above; the stores go to rows r0..r1 of channels c0..c0 + cc of
                     // image n, this task's alone.
                     let finite = unsafe {
@@ -337,15 +325,10 @@ fn conv_small(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
             let vx = unsafe { std::slice::from_raw_parts(vp.ptr().add(xi * vs), c_in * tp) };
             for c0 in (b0..b1).step_by(8) {
                 let c1 = (c0 + 8).min(b1);
-                let dst = Dst {
-                    ptr: mp.ptr().wrapping_add(xi * ms + c0 * OB * tp),
-                    stride: tp,
-                    channels: ((c1 - c0) * OB).min(c_out - c0 * OB),
-                    valid: p,
-                };
-                let w = &u[(xi * blocks + c0) * c_in * OB..][..(c1 - c0) * c_in * OB];
-                // SAFETY: `dst` addresses rows of plane ξ of `m` that are this task's.
-                unsafe { direct::compute(vx, tp, &[0], w, dst, None, None, None, false, &[]) };
+                let cc = ((c1 - c0) * OB).min(c_out - c0 * OB);
+                let mx = mp.ptr().wrapping_add(xi * ms + c0 * OB * tp);
+                // SAFETY: `mx` addresses rows of plane ξ of `m` that are this task's.
+                unsafe { product((&u, blocks), xi, c0..c1, c_in, vx, mx, tp, (cc, p)) };
             }
         });
         pool.run(n_images, &|n| {
@@ -451,30 +434,18 @@ fn conv_tiles(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
             for c0 in (0..c_out).step_by(cb) {
                 let cc = cb.min(c_out - c0);
                 let (b0, b1) = (c0 / OB, (c0 + cc).div_ceil(OB));
-                for xi in 0..16 {
-                    let dst = Dst {
-                        ptr: m[xi * ms..].as_mut_ptr(),
-                        stride: tp,
-                        channels: cc,
-                        valid: count,
-                    };
-                    let w = &u[(xi * blocks + b0) * c_in * OB..][..(b1 - b0) * c_in * OB];
-                    // SAFETY: `dst` addresses `cc` rows of `tp` of this task's `m`.
-                    unsafe {
-                        direct::compute(
-                            &v[xi * vs..][..c_in * tp],
-                            tp,
-                            &[0],
-                            w,
-                            dst,
-                            None,
-                            None,
-                            None,
-                            false,
-                            &[],
-                        )
-                    };
-                }
+                // SAFETY: `m`'s planes hold `cc` rows of `tp`, this task's.
+                unsafe {
+                    products(
+                        (&u, blocks),
+                        b0..b1,
+                        c_in,
+                        (v, vs),
+                        (m, ms),
+                        tp,
+                        (cc, count),
+                    )
+                };
                 // SAFETY: the lanes index the tiles' output pixels, this task's alone.
                 let finite = unsafe {
                     output_transform_tiles(
@@ -508,6 +479,79 @@ fn conv_tiles(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
                 epilogue(plane, rest.channel(co, at, oh * ow));
             }
         });
+    }
+}
+
+/// `M[ξ] = U[ξ] · V[ξ]` for output channel blocks `blocks` (`cc` channels; `all` blocks per
+/// `ξ` in `u`) over `valid` positions, on the direct microkernel: `v` is plane `ξ` of `V`
+/// (`c_in` rows `tp` apart), `m` the blocks' first row in plane `ξ` of `M` (rows `tp` apart).
+///
+/// # Safety
+/// `m` must address `cc` rows of `tp` that are this thread's alone.
+#[allow(clippy::too_many_arguments)]
+unsafe fn product(
+    (u, all): (&[f32], usize),
+    xi: usize,
+    blocks: std::ops::Range<usize>,
+    c_in: usize,
+    v: &[f32],
+    m: *mut f32,
+    tp: usize,
+    (cc, valid): (usize, usize),
+) {
+    let dst = Dst {
+        ptr: m,
+        stride: tp,
+        channels: cc,
+        valid,
+    };
+    let w = &u[(xi * all + blocks.start) * c_in * OB..][..blocks.len() * c_in * OB];
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        direct::compute(
+            &v[..c_in * tp],
+            tp,
+            &[0],
+            w,
+            dst,
+            None,
+            None,
+            None,
+            false,
+            &[],
+        )
+    };
+}
+
+/// [`product`] for every `ξ`: `V`'s planes `vs` apart in `v`, `M`'s `ms` apart in `m`.
+///
+/// # Safety
+/// Each plane of `m` must hold `cc` rows of `tp` that are this thread's alone.
+#[allow(clippy::too_many_arguments)]
+unsafe fn products(
+    weights: (&[f32], usize),
+    blocks: std::ops::Range<usize>,
+    c_in: usize,
+    (v, vs): (&[f32], usize),
+    (m, ms): (&mut [f32], usize),
+    tp: usize,
+    sizes: (usize, usize),
+) {
+    for xi in 0..16 {
+        let mx = m[xi * ms..].as_mut_ptr();
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            product(
+                weights,
+                xi,
+                blocks.clone(),
+                c_in,
+                &v[xi * vs..],
+                mx,
+                tp,
+                sizes,
+            )
+        };
     }
 }
 
@@ -1164,28 +1208,38 @@ mod tests {
             (1, 130, 128, 9, 21, [0, 1, 2, 0]),
             (3, 128, 128, 5, 14, [1, 1, 1, 1]),
         ];
+        for sizes in &cases {
+            assert!((MIN_NARROW_WIDTH..MIN_WIDTH).contains(&geometry(sizes).y[3]));
+        }
+        check_cases(&cases, 60, "narrow", &[]);
+        infinity_gives_the_direct_output(&geometry(&cases[0]), 70, None);
+    }
+
+    /// Each case against its sums with every epilogue, its seeds from `seed`, its input
+    /// holding `specials` every fifth value.
+    fn check_cases(cases: &[Case], seed: u64, what: &str, specials: &[f32]) {
         for (case, sizes) in cases.iter().enumerate() {
             let g = geometry(sizes);
-            assert!(
-                (MIN_NARROW_WIDTH..MIN_WIDTH).contains(&g.y[3]),
-                "case {case}"
-            );
-            let seed = 60 + 3 * case as u64;
-            let xs = input(g.x.iter().product(), seed, 0, &[]);
+            let seed = seed + 3 * case as u64;
+            let edge = if specials.is_empty() { 0 } else { 5 };
+            let xs = input(g.x.iter().product(), seed, edge, specials);
             let ws = input(g.y[1] * g.x[1] * 9, seed + 1, 0, &[]);
-            check_epilogues(&g, &xs, &ws, seed + 2, &format!("narrow case {case}"));
+            check_epilogues(&g, &xs, &ws, seed + 2, &format!("{what} case {case}"));
         }
-        // An infinity in the input: the direct kernel's output, bit for bit.
-        let g = geometry(&cases[0]);
+    }
+
+    /// An infinity in the input of `g` (its seed `seed`), with ReLU and the bias if given:
+    /// the output is the direct kernel's, bit for bit, and holds a non-finite value.
+    fn infinity_gives_the_direct_output(g: &Geometry, seed: u64, bias: Option<&[f32]>) {
         let len = g.x.iter().product();
-        let xs = input(len, 70, len, &[f32::INFINITY]);
-        let ws = input(g.y[1] * g.x[1] * 9, 71, 0, &[]);
+        let xs = input(len, seed, len, &[f32::INFINITY]);
+        let ws = input(g.y[1] * g.x[1] * 9, seed + 1, 0, &[]);
         let post = Post {
-            bias: None,
+            bias,
             residual: None,
             act: Some(Activation::Relu),
         };
-        let (got, want) = (run(&g, &xs, &ws, post), direct_of(&g, &xs, &ws, post));
+        let (got, want) = (run(g, &xs, &ws, post), direct_of(g, &xs, &ws, post));
         assert!(want.iter().any(|v| !v.is_finite()));
         assert!(got
             .iter()
@@ -1214,28 +1268,11 @@ mod tests {
         for (case, sizes) in cases.iter().enumerate() {
             let g = geometry(sizes);
             assert!(applies(&g) && small(&g), "small case {case}");
-            let seed = 80 + 3 * case as u64;
-            let specials = [0.0, -0.0, 1e-40, -3e-39];
-            let xs = input(g.x.iter().product(), seed, 5, &specials);
-            let ws = input(g.y[1] * g.x[1] * 9, seed + 1, 0, &[]);
-            check_epilogues(&g, &xs, &ws, seed + 2, &format!("small case {case}"));
         }
+        check_cases(&cases, 80, "small", &[0.0, -0.0, 1e-40, -3e-39]);
         let g = geometry(&cases[0]);
-        let len = g.x.iter().product();
-        let xs = input(len, 9, len, &[f32::INFINITY]);
-        let ws = input(g.y[1] * g.x[1] * 9, 10, 0, &[]);
         let bias: Vec<f32> = (0..g.y[1]).map(|o| o as f32 * 0.1).collect();
-        let post = Post {
-            bias: Some(&bias),
-            residual: None,
-            act: Some(Activation::Relu),
-        };
-        let (got, want) = (run(&g, &xs, &ws, post), direct_of(&g, &xs, &ws, post));
-        assert!(want.iter().any(|v| !v.is_finite()));
-        assert!(got
-            .iter()
-            .zip(&want)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        infinity_gives_the_direct_output(&g, 9, Some(&bias));
     }
 
     /// Grouped convolutions of 16 and more channels per group: each group's input transform,
