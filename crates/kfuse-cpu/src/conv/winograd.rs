@@ -123,9 +123,22 @@ pub(super) fn small(g: &Geometry) -> bool {
         && g.y[0] * tiles >= direct::QB
 }
 
+/// Whether a [`small`] convolution runs all its images at once ([`conv_small`]) rather than in
+/// tasks of 48 tiles ([`conv_tiles`]): where its transformed weights are large (8 MiB and
+/// more, 362+ channels each way), which the tasks would each read again, and it has at most
+/// four blocks of tiles (twelve 7×7 images), so that its transformed input and products stay
+/// small. `EPI=1 conv_shapes`, all at once against tasks, three alternating runs: 8×512×7×7 →
+/// 512 2.84–3.10 against 3.14–3.28 ms (and alike in a slower spell), 4×512×7×7 → 512
+/// 1.81–1.89 against 2.03–2.17; 32×512×7×7 → 512 12.4–12.8 against 10.4–10.8; 8×256×7×7 → 256
+/// 0.92–0.99 against 0.85.
+fn all_at_once(g: &Geometry) -> bool {
+    let tiles = g.y[0] * g.y[2].div_ceil(2) * g.y[3].div_ceil(2);
+    16 * g.x[1] * g.y[1] * std::mem::size_of::<f32>() >= 8 << 20 && tiles <= 4 * direct::QB
+}
+
 /// The convolution of `g` into `y`, with the epilogue. Call only where [`applies`] holds.
 pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
-    if small(g) {
+    if small(g) && all_at_once(g) {
         return conv_small(g, xs, ws, y, post);
     }
     if g.y[3] < MIN_WIDTH && g.groups == 1 {
@@ -266,7 +279,8 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
 /// the direct kernel against this: 8×512×7×7 → 512 4.05–4.08 → 2.87–2.91 ms, 8×256×7×7 → 256
 /// 0.95–0.99 → 0.64–0.67 (the band-wise path above took 8.6–8.8 ms on the first). ResNet-18
 /// (`kfuse bench resnet18`, whose last stage has three such convolutions) 52.6–59.9 → 49.3–49.7
-/// ms. At batch 1 (16 tiles, a third of a block) the direct kernel keeps them. Larger images
+/// ms. At batch 1 (16 tiles, a third of a block) the direct kernel keeps them; with smaller
+/// weights or more images, tasks of tiles ([`all_at_once`]). Larger images
 /// stay on the band-wise path: 8×256×14×14 → 256 ran 5% faster alone this way (2.59–2.66 →
 /// 2.48–2.52 ms) but ResNet-50 no faster, its `V` and `M` (6.4 MB each) passing through L3;
 /// at 28×28 and 56×56 it was 1.7 and 2.9 times slower.
@@ -377,7 +391,8 @@ fn conv_small(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
 /// transforms those back (scattered to the output), as a band does in [`conv`], whose bands of
 /// whole tile rows leave the microkernel's last block partly empty (14×14: 35 of 48 tiles and
 /// 14 of 16). The rest of the epilogue runs over each image after all tasks. Taken for outputs
-/// narrower than [`MIN_WIDTH`] of one group. `conv::conv2d` alone with bias and ReLU (`EPI=1
+/// narrower than [`MIN_WIDTH`] of one group, small images included where [`all_at_once`] is
+/// false. `conv::conv2d` alone with bias and ReLU (`EPI=1
 /// conv_shapes`), three alternating runs, bands against tasks of tiles: 8×256×14×14 → 256
 /// 2.66–2.68 → 2.22–2.27 ms, 8×128×14×14 → 128 0.71 → 0.63–0.65; `kfuse bench resnet18`
 /// 55.8–57.0 → 53.2–54.7 ms. In ResNet-50 its five such convolutions took as long either way
@@ -1108,6 +1123,21 @@ mod tests {
     /// in registers, bias + residual + tanh after the stores), checking every output against
     /// its sum of products (`residual_seed` draws the residual).
     fn check_epilogues(g: &Geometry, xs: &[f32], ws: &[f32], residual_seed: u64, what: &str) {
+        check_routine(conv, g, xs, ws, residual_seed, what)
+    }
+
+    /// A convolution routine: geometry, input, weights, output, epilogue.
+    type Routine = fn(&Geometry, &[f32], &[f32], &mut [f32], Post<f32>);
+
+    /// [`check_epilogues`] for `routine` in place of [`conv`].
+    fn check_routine(
+        routine: Routine,
+        g: &Geometry,
+        xs: &[f32],
+        ws: &[f32],
+        residual_seed: u64,
+        what: &str,
+    ) {
         let [_, co, oh, ow] = g.y;
         let bias: Vec<f32> = (0..co).map(|o| o as f32 * 0.25 - 2.0).collect();
         let residual = input(g.y.iter().product(), residual_seed, 0, &[]);
@@ -1133,7 +1163,8 @@ mod tests {
             ),
         ];
         for (post, plan) in plans {
-            let got = run(g, xs, ws, post);
+            let mut got = vec![f32::NAN; g.y.iter().product()];
+            routine(g, xs, ws, &mut got, post);
             super::super::reference::assert_within(
                 &got,
                 &want,
@@ -1211,20 +1242,27 @@ mod tests {
         for sizes in &cases {
             assert!((MIN_NARROW_WIDTH..MIN_WIDTH).contains(&geometry(sizes).y[3]));
         }
-        check_cases(&cases, 60, "narrow", &[]);
+        check_cases(conv, &cases, 60, "narrow", &[]);
         infinity_gives_the_direct_output(&geometry(&cases[0]), 70, None);
     }
 
-    /// Each case against its sums with every epilogue, its seeds from `seed`, its input
-    /// holding `specials` every fifth value.
-    fn check_cases(cases: &[Case], seed: u64, what: &str, specials: &[f32]) {
+    /// Each case through `routine` against its sums with every epilogue, its seeds from
+    /// `seed`, its input holding `specials` every fifth value.
+    fn check_cases(routine: Routine, cases: &[Case], seed: u64, what: &str, specials: &[f32]) {
         for (case, sizes) in cases.iter().enumerate() {
             let g = geometry(sizes);
             let seed = seed + 3 * case as u64;
             let edge = if specials.is_empty() { 0 } else { 5 };
             let xs = input(g.x.iter().product(), seed, edge, specials);
             let ws = input(g.y[1] * g.x[1] * 9, seed + 1, 0, &[]);
-            check_epilogues(&g, &xs, &ws, seed + 2, &format!("{what} case {case}"));
+            check_routine(
+                routine,
+                &g,
+                &xs,
+                &ws,
+                seed + 2,
+                &format!("{what} case {case}"),
+            );
         }
     }
 
@@ -1247,11 +1285,12 @@ mod tests {
             .all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 
-    /// Small images with their tiles side by side ([`conv_small`]): 7×7 and 8×8 outputs, odd
-    /// ones (3×3 tiles, the last row and column half outside), no padding and asymmetric
-    /// padding, partial blocks of output channels, exactly one block of 48 tiles and several,
-    /// with every epilogue path; and an infinity in the input, which gives the direct kernel's
-    /// output bit for bit.
+    /// Small images with their tiles side by side, all at once ([`conv_small`]) and in tasks of
+    /// 48 tiles ([`conv_tiles`]): 7×7 and 8×8 outputs, odd ones (3×3 tiles, the last row and
+    /// column half outside), no padding and asymmetric padding, partial blocks of output
+    /// channels, exactly one block of 48 tiles and several, with every epilogue path; the
+    /// choice between the two for ResNet's last stage; and an infinity in the input, which
+    /// gives the direct kernel's output bit for bit either way.
     #[test]
     fn small_images_side_by_side_match_their_sums() {
         if !has_avx512() {
@@ -1269,10 +1308,17 @@ mod tests {
             let g = geometry(sizes);
             assert!(applies(&g) && small(&g), "small case {case}");
         }
-        check_cases(&cases, 80, "small", &[0.0, -0.0, 1e-40, -3e-39]);
-        let g = geometry(&cases[0]);
+        let specials = [0.0, -0.0, 1e-40, -3e-39];
+        check_cases(conv_small, &cases, 80, "all at once", &specials);
+        check_cases(conv_tiles, &cases, 80, "in tasks", &specials);
+        // ResNet's last stage at batch 8 runs all at once, at batch 16 in tasks.
+        assert!(all_at_once(&geometry(&(8, 512, 512, 7, 7, [1, 1, 1, 1]))));
+        assert!(!all_at_once(&geometry(&(16, 512, 512, 7, 7, [1, 1, 1, 1]))));
+        let g = geometry(&(4, 512, 384, 7, 7, [1, 1, 1, 1]));
+        assert!(all_at_once(&g));
         let bias: Vec<f32> = (0..g.y[1]).map(|o| o as f32 * 0.1).collect();
         infinity_gives_the_direct_output(&g, 9, Some(&bias));
+        infinity_gives_the_direct_output(&geometry(&cases[0]), 19, None);
     }
 
     /// Grouped convolutions of 16 and more channels per group: each group's input transform,
