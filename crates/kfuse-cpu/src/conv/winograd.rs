@@ -127,13 +127,16 @@ pub(super) fn small(g: &Geometry) -> bool {
 /// tasks of 48 tiles ([`conv_tiles`]): where its transformed weights are large (8 MiB and
 /// more, 362+ channels each way), which the tasks would each read again, and it has at most
 /// four blocks of tiles (twelve 7×7 images), so that its transformed input and products stay
-/// small. `EPI=1 conv_shapes`, all at once against tasks, three alternating runs: 8×512×7×7 →
+/// small (32 MiB at most). `EPI=1 conv_shapes`, all at once against tasks, three alternating runs: 8×512×7×7 →
 /// 512 2.84–3.10 against 3.14–3.28 ms (and alike in a slower spell), 4×512×7×7 → 512
 /// 1.81–1.89 against 2.03–2.17; 32×512×7×7 → 512 12.4–12.8 against 10.4–10.8; 8×256×7×7 → 256
 /// 0.92–0.99 against 0.85.
 fn all_at_once(g: &Geometry) -> bool {
     let tiles = g.y[0] * g.y[2].div_ceil(2) * g.y[3].div_ceil(2);
-    16 * g.x[1] * g.y[1] * std::mem::size_of::<f32>() >= 8 << 20 && tiles <= 4 * direct::QB
+    let f32s = std::mem::size_of::<f32>();
+    16 * g.x[1] * g.y[1] * f32s >= 8 << 20
+        && tiles <= 4 * direct::QB
+        && 16 * tiles * (g.x[1] + g.y[1]) * f32s <= 32 << 20
 }
 
 /// The convolution of `g` into `y`, with the epilogue. Call only where [`applies`] holds.
