@@ -520,11 +520,13 @@ impl Route {
                 "the direct 8×48 microkernel as a 1×1 convolution, on a copy of every {}×{} pixel of each band's input rows",
                 g.stride[0], g.stride[1]
             ),
-            Route::Winograd if winograd::small(g) => {
-                "Winograd F(2×2, 3×3) with every image's tiles side by side: input and output transforms around 16 GEMMs on the direct 8×48 microkernel (16 multiplications per 2×2 outputs where direct takes 36)".into()
-            }
             Route::Winograd => {
-                "Winograd F(2×2, 3×3): input and output transforms around 16 GEMMs on the direct 8×48 microkernel (16 multiplications per 2×2 outputs where direct takes 36)".into()
+                let tiles = match winograd::plan(g) {
+                    winograd::Plan::AllAtOnce => ", every image's tiles side by side at once",
+                    winograd::Plan::Tasks => ", in tasks of 48 tiles across the images",
+                    winograd::Plan::Bands => "",
+                };
+                format!("Winograd F(2×2, 3×3){tiles}: input and output transforms around 16 GEMMs on the direct 8×48 microkernel (16 multiplications per 2×2 outputs where direct takes 36)")
             }
             Route::Direct if direct::narrow_pointwise(g) => {
                 "the direct 8×48 microkernel as a 1×1 convolution on each band's input rows, a band's last few positions on the tail kernel".into()
@@ -1327,6 +1329,11 @@ mod routes {
     use kfuse_ir::{Conv2dAttrs, DType, Layout};
 
     fn route(n: usize, c: usize, co: usize, hw: usize, k: usize, s: usize) -> Route {
+        Route::of(&geometry(n, c, co, hw, k, s), true)
+    }
+
+    /// A square NCHW convolution, `k` wide with "same" padding, at stride `s`.
+    fn geometry(n: usize, c: usize, co: usize, hw: usize, k: usize, s: usize) -> Geometry {
         let p = k / 2;
         let o = (hw + 2 * p - k) / s + 1;
         let attrs = Conv2dAttrs {
@@ -1336,8 +1343,7 @@ mod routes {
             dilation: [1, 1],
             groups: 1,
         };
-        let g = Geometry::new(&[n, c, hw, hw], &[co, c, k, k], &attrs, &[n, co, o, o]);
-        Route::of(&g, true)
+        Geometry::new(&[n, c, hw, hw], &[co, c, k, k], &attrs, &[n, co, o, o])
     }
 
     /// ResNet-18's convolutions take the routines measured fastest for them (see
@@ -1371,6 +1377,15 @@ mod routes {
         // (48 tiles), the direct kernel below.
         assert_eq!(route(8, 512, 512, 7, 3, 1), Route::Winograd);
         assert_eq!(route(3, 512, 512, 7, 3, 1), Route::Winograd);
+        // How Winograd lays out their tiles: 7×7 at batch 8 all at once, 14×14 in tasks of
+        // tiles, 56×56 in bands; and `explain` says which.
+        use super::winograd::{plan, Plan};
+        assert_eq!(plan(&geometry(8, 512, 512, 7, 3, 1)), Plan::AllAtOnce);
+        assert_eq!(plan(&geometry(32, 512, 512, 7, 3, 1)), Plan::Tasks);
+        assert_eq!(plan(&geometry(8, 256, 256, 14, 3, 1)), Plan::Tasks);
+        assert_eq!(plan(&geometry(8, 64, 64, 56, 3, 1)), Plan::Bands);
+        let described = Route::Winograd.describe(&geometry(8, 512, 512, 7, 3, 1));
+        assert!(described.contains("side by side at once"), "{described}");
         assert_eq!(route(2, 512, 512, 7, 3, 1), Route::Direct);
         assert_eq!(route(1, 512, 512, 7, 3, 1), Route::Direct);
         assert_eq!(route(8, 256, 512, 14, 1, 2), Route::Direct);

@@ -139,13 +139,34 @@ fn all_at_once(g: &Geometry) -> bool {
         && 16 * tiles * (g.x[1] + g.y[1]) * f32s <= 32 << 20
 }
 
+/// How [`conv`] lays out the tiles of `g`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Plan {
+    /// Bands of whole tile rows, each a task.
+    Bands,
+    /// Tasks of 48 tiles numbered across the images ([`conv_tiles`]).
+    Tasks,
+    /// Every image's tiles side by side, in three passes ([`conv_small`]).
+    AllAtOnce,
+}
+
+/// The plan [`conv`] follows for `g` (which [`applies`]).
+pub(super) fn plan(g: &Geometry) -> Plan {
+    if small(g) && all_at_once(g) {
+        Plan::AllAtOnce
+    } else if g.y[3] < MIN_WIDTH && g.groups == 1 {
+        Plan::Tasks
+    } else {
+        Plan::Bands
+    }
+}
+
 /// The convolution of `g` into `y`, with the epilogue. Call only where [`applies`] holds.
 pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
-    if small(g) && all_at_once(g) {
-        return conv_small(g, xs, ws, y, post);
-    }
-    if g.y[3] < MIN_WIDTH && g.groups == 1 {
-        return conv_tiles(g, xs, ws, y, post);
+    match plan(g) {
+        Plan::AllAtOnce => return conv_small(g, xs, ws, y, post),
+        Plan::Tasks => return conv_tiles(g, xs, ws, y, post),
+        Plan::Bands => {}
     }
     let [n_images, c_out, oh, ow] = g.y;
     // Per group: `c_in` channels in, `og` out.
