@@ -416,7 +416,7 @@ fn explain_shows_a_mobilenet_v2_block_as_one_kernel() {
 }
 
 /// `explain` names the routine each convolution runs on in fast numerics: Winograd for a 3×3
-/// stride-1 convolution of 16+ channels and wide rows, the direct kernel over phase planes for
+/// stride-1 convolution of 16+ channels and wide rows, a direct kernel broadcasting output positions for
 /// a strided 3×3 one, the microkernel over every other pixel for a strided 1×1 one (ResNet's
 /// down-sampling block, whose add joins the first convolution as its epilogue).
 #[test]
@@ -452,7 +452,9 @@ fn explain_names_each_convolutions_routine() {
     assert_eq!(routines.len(), 3, "{text}");
     assert!(routines[0].starts_with("Winograd F(2×2, 3×3)"), "{text}");
     assert!(
-        routines.iter().any(|r| r.contains("over 2×2 phase planes")),
+        routines
+            .iter()
+            .any(|r| r.contains("broadcasting output positions")),
         "{text}"
     );
     assert!(

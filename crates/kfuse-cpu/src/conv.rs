@@ -531,6 +531,10 @@ impl Route {
             Route::Direct if direct::narrow_pointwise(g) => {
                 "the direct 8×48 microkernel as a 1×1 convolution on each band's input rows, a band's last few positions on the tail kernel".into()
             }
+            Route::Direct if direct::broadcasts_positions(g) => format!(
+                "a direct 7×32 microkernel broadcasting output positions (read at column stride {} from a padded copy of each band's rows) against vectors of output channels, its results scattered to the output",
+                g.stride[1]
+            ),
             Route::Direct if direct::on_tap_planes(g) => format!(
                 "the direct 8×48 microkernel over tap planes of each band's input (one per row phase and tap column, as wide as the output rows; stride {}×{})",
                 g.stride[0], g.stride[1]
@@ -1361,6 +1365,16 @@ mod routes {
         assert_eq!(route(8, 3, 64, 224, 7, 2), Route::Direct);
         assert_eq!(route(8, 64, 64, 56, 3, 1), Route::Winograd);
         assert_eq!(route(8, 64, 128, 56, 3, 2), Route::Direct);
+        // Onto 28-wide rows, with positions broadcast; onto narrower ones, tap planes.
+        assert!(super::direct::broadcasts_positions(&geometry(
+            8, 64, 128, 56, 3, 2
+        )));
+        assert!(!super::direct::broadcasts_positions(&geometry(
+            8, 128, 256, 28, 3, 2
+        )));
+        assert!(!super::direct::broadcasts_positions(&geometry(
+            8, 3, 64, 224, 7, 2
+        )));
         assert_eq!(route(8, 128, 256, 28, 3, 2), Route::Direct);
         // 14×14 outputs go to Winograd at a batch of four images per thread or more.
         let batch_per_thread = 8 / crate::Pool::global().threads();
