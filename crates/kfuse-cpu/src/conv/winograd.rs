@@ -171,14 +171,9 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
     let [n_images, c_out, oh, ow] = g.y;
     // Per group: `c_in` channels in, `og` out.
     let (c_in, og) = (g.in_channels_per_group(), g.out_channels_per_group());
-    let u = transformed_weights(ws, g.groups, og, c_in);
-    // Checked once for constant weights, as their transform is kept (16 MB for 512 → 512
-    // channels would be read at every call).
-    if !constants::holds(ws, constants::FINITE_TRANSFORMED, || {
-        u.iter().all(|v| v.is_finite())
-    }) {
+    let Some(u) = finite_transformed(ws, g.groups, og, c_in) else {
         return direct::conv(g, xs, ws, y, post);
-    }
+    };
     let (in_registers, rest) = direct::split(post, false);
     let act = InRegisters::of(in_registers.act);
     let tw = ow.div_ceil(2);
@@ -311,22 +306,14 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
 fn conv_small(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
     let [n_images, c_out, oh, ow] = g.y;
     let c_in = g.x[1];
-    let u = transformed_weights(ws, 1, c_out, c_in);
-    if !constants::holds(ws, constants::FINITE_TRANSFORMED, || {
-        u.iter().all(|v| v.is_finite())
-    }) {
+    let Some(u) = tile_weights(g, ws) else {
         return direct::conv(g, xs, ws, y, post);
-    }
+    };
     let (in_registers, rest) = direct::split(post, false);
     let act = InRegisters::of(in_registers.act);
     let tiles = oh.div_ceil(2) * ow.div_ceil(2);
     let p = n_images * tiles;
     let pads = [g.pad[0] as isize, g.pad[1] as isize];
-    // The transforms index the images' pixels in 32 bits.
-    let [_, _, h, w] = g.x;
-    if (n_images * c_in * h * w).max(n_images * c_out * oh * ow) > i32::MAX as usize {
-        return direct::conv(g, xs, ws, y, post);
-    }
     let tp = p.div_ceil(16) * 16;
     let blocks = c_out.div_ceil(OB);
     // The 16 planes of `V` and of `M`, a line more than their rows apart (see `conv`).
@@ -425,15 +412,9 @@ fn conv_small(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
 fn conv_tiles(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
     let [n_images, c_out, oh, ow] = g.y;
     let [_, c_in, h, w] = g.x;
-    let u = transformed_weights(ws, 1, c_out, c_in);
-    if !constants::holds(ws, constants::FINITE_TRANSFORMED, || {
-        u.iter().all(|v| v.is_finite())
-    }) {
+    let Some(u) = tile_weights(g, ws) else {
         return direct::conv(g, xs, ws, y, post);
-    }
-    if (n_images * c_in * h * w).max(n_images * c_out * oh * ow) > i32::MAX as usize {
-        return direct::conv(g, xs, ws, y, post);
-    }
+    };
     let (in_registers, rest) = direct::split(post, false);
     let act = InRegisters::of(in_registers.act);
     let per_image = oh.div_ceil(2) * ow.div_ceil(2);
@@ -814,6 +795,27 @@ struct Band {
     tp: usize,
     vs: usize,
     ms: usize,
+}
+
+/// The transformed weights of `ws` ([`transformed_weights`]) where every one is finite, else
+/// none (the direct kernel then runs the call). Checked once for constant weights, as their
+/// transform is kept (16 MB for 512 → 512 channels would be read at every call).
+fn finite_transformed(ws: &[f32], groups: usize, og: usize, cg: usize) -> Option<Arc<Vec<f32>>> {
+    let u = transformed_weights(ws, groups, og, cg);
+    constants::holds(ws, constants::FINITE_TRANSFORMED, || {
+        u.iter().all(|v| v.is_finite())
+    })
+    .then_some(u)
+}
+
+/// [`finite_transformed`] for the tile paths ([`conv_small`], [`conv_tiles`]), of one group,
+/// which also need the images' pixels (in and out) to index in 32 bits for their gathers and
+/// scatters.
+fn tile_weights(g: &Geometry, ws: &[f32]) -> Option<Arc<Vec<f32>>> {
+    let ([n, c_in, h, w], [_, c_out, oh, ow]) = (g.x, g.y);
+    let fits = (n * c_in * h * w).max(n * c_out * oh * ow) <= i32::MAX as usize;
+    fits.then(|| finite_transformed(ws, 1, c_out, c_in))
+        .flatten()
 }
 
 /// The transformed weights `U[ξ] = (G g Gᵀ)[ξ]` of the `groups·og × cg × 3 × 3` weights
@@ -1303,10 +1305,12 @@ mod tests {
         };
         let (got, want) = (run(g, &xs, &ws, post), direct_of(g, &xs, &ws, post));
         assert!(want.iter().any(|v| !v.is_finite()));
-        assert!(got
-            .iter()
-            .zip(&want)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(same_bits(&got, &want));
+    }
+
+    /// Whether two outputs agree bit for bit.
+    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
     }
 
     /// Small images with their tiles side by side, all at once ([`conv_small`]) and in tasks of
@@ -1405,20 +1409,16 @@ mod tests {
                 want.iter().any(|v| !v.is_finite()),
                 "{what}: the case reaches a non-finite output"
             );
-            let same = got
-                .iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{what}: the output differs from the direct kernel's");
+            assert!(
+                same_bits(&got, &want),
+                "{what}: the output differs from the direct kernel's"
+            );
         }
         let xs = input(len, 6, 0, &[]);
         let mut bad = ws.clone();
         bad[9 * ci + 4] = f32::INFINITY;
         let (got, want) = (run(&g, &xs, &bad, post), direct_of(&g, &xs, &bad, post));
-        assert!(got
-            .iter()
-            .zip(&want)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(same_bits(&got, &want));
     }
 
     /// `U = G g Gᵀ`: a filter that picks one tap transforms to that tap's outer product of
