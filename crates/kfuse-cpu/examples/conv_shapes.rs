@@ -7,7 +7,9 @@
 //! `SHAPES="8,256,64,56,1,1;8,64,256,56,1,1"` (batch, channels in, out, image side, kernel
 //! side, stride; shapes separated by `;`) measures those shapes instead; `EPI=1` adds a bias
 //! and ReLU to each convolution, `EPI=2` a bias, a residual and ReLU; `COLD=1` writes 256 MB
-//! before each run, so that every operand comes from memory.
+//! before each run, so that every operand comes from memory, and `COLD=2` then reads the
+//! activations (input, residual, output) back, so that only the weights come from memory, as
+//! inside a network.
 
 use kfuse_cpu::conv::{conv2d, routine, Epilogue, View};
 use kfuse_ir::{Conv2dAttrs, DType, Layout, Storage};
@@ -50,7 +52,11 @@ fn main() {
             .collect(),
         Err(_) => shapes.to_vec(),
     };
-    let cold = std::env::var("COLD").is_ok_and(|v| v == "1");
+    let cold_mode: usize = std::env::var("COLD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let cold = cold_mode > 0;
     let mut flush = vec![0.0f32; if cold { 64 << 20 } else { 0 }];
     for (n, c, co, hw, k, s) in chosen {
         let p = k / 2;
@@ -92,6 +98,14 @@ fn main() {
                     // activations pass through memory between layers.
                     flush.iter_mut().for_each(|v| *v += 1.0);
                     std::hint::black_box(&flush);
+                    if cold_mode == 2 {
+                        // The activations back in cache: only the weights come from memory.
+                        let touch = |s: &Storage| match s {
+                            Storage::F32(v) => v.iter().sum::<f32>(),
+                            _ => 0.0,
+                        };
+                        std::hint::black_box(touch(&x) + touch(&residual) + touch(&y));
+                    }
                 }
                 let t = Instant::now();
                 let (x, w) = (

@@ -11,6 +11,7 @@ pub use compile::{
 };
 mod launch;
 mod pool;
+mod prefetch;
 mod simd;
 pub use launch::{launch, launch_on, storage_ptr, GRAIN};
 pub use pool::Pool;

@@ -30,6 +30,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use crate::dense::{epilogue, Activation, RowBias, Tail};
+use crate::prefetch::ask_line;
 use crate::simd::InRegisters;
 
 /// Rows of a microkernel block.
@@ -473,18 +474,6 @@ unsafe fn dots<const R: usize, const J: usize>(t: &Tile, f: Option<&Finish>) {
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn dots<const R: usize, const J: usize>(_: &Tile, _: Option<&Finish>) {
     unreachable!("`applies` is false without AVX-512")
-}
-
-/// Asks for the cache line holding `p` into L1: a hint, which reads nothing architecturally.
-#[inline(always)]
-fn ask_line(p: *const f32) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch reads nothing architecturally, whatever the address.
-    unsafe {
-        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 /// Steps `steps` of columns `cols` of `b` into `packed`, as panels of [`NR`] columns (each

@@ -41,6 +41,7 @@ use super::shifted::Grid;
 use super::{for_each_band_fitted, Geometry, Post};
 use crate::constants;
 use crate::dense::{epilogue, epilogue_into, has_avx512, with_scratch, with_shared_scratch, Out};
+use crate::prefetch::{ask_line, WEIGHTS_AHEAD};
 use crate::simd::InRegisters;
 use std::sync::Arc;
 
@@ -1748,6 +1749,9 @@ unsafe fn pointwise_blocks<const BIAS: bool, const RES: bool>(
 unsafe fn step<const V: usize>(acc: &mut [[__m512; V]; OB], x: *const f32, w: *const f32) {
     // SAFETY: forwarded from the caller.
     unsafe {
+        // The weights a few thousand terms on, on their way from memory (see
+        // `crate::prefetch`).
+        ask_line(w.wrapping_add(WEIGHTS_AHEAD));
         let xv: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(x.add(16 * v)));
         for (o, row) in acc.iter_mut().enumerate() {
             let wv = _mm512_set1_ps(*w.add(o));
@@ -1960,6 +1964,7 @@ unsafe fn masked_block<const V: usize>(
                     _mm512_maskz_loadu_ps(masks[v], at.wrapping_add(16 * v))
                 });
                 let wt = wp.add((t * cg + c) * OB);
+                ask_line(wt.wrapping_add(WEIGHTS_AHEAD));
                 for (o, row) in acc.iter_mut().enumerate() {
                     let wv = _mm512_set1_ps(*wt.add(o));
                     for (a, xv) in row.iter_mut().zip(&xv) {
