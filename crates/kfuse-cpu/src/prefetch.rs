@@ -20,7 +20,26 @@
 /// either way). `kfuse run` on ResNet-50 (batch 8, 12 runs, three alternations of the two
 /// builds): 143.8–146.4 → 136.9–139.1 ms, the logits bit-identical. The GEMM's left operand
 /// (the 1×1 convolutions' weights, read in place) asked for the same way gained nothing.
-pub(crate) const WEIGHTS_AHEAD: usize = 1024;
+const WEIGHTS_AHEAD: usize = 1024;
+
+/// A layer's weights (or a Winograd convolution's transformed weights, all 16 planes) of fewer
+/// bytes than this stay in L2 between the blocks of positions that read them, and are not
+/// asked for ahead ([`weights_ahead`]).
+const STREAMED_WEIGHTS: usize = 512 << 10;
+
+/// How far ahead a kernel asks for the weights of a layer whose weights hold `len` f32
+/// elements: [`WEIGHTS_AHEAD`], or 0 (the line it is about to read, which costs the hint alone)
+/// below [`STREAMED_WEIGHTS`]. Hints for weights in cache gain nothing: W7's (256 KB
+/// transformed) gave `kfuse bench W7` ratios against the bare convolution of 1.006–1.018 with
+/// the hints and 0.985–1.012 without over four alternations, within its noise; gated, 0.990–1.010.
+/// ResNet-50 with the gate, against no hints, in a slower spell: 147.7–152.0 → 139.5–141.5 ms.
+pub(crate) fn weights_ahead(len: usize) -> usize {
+    if len * std::mem::size_of::<f32>() >= STREAMED_WEIGHTS {
+        WEIGHTS_AHEAD
+    } else {
+        0
+    }
+}
 
 /// Asks for the cache line holding `p` into L1: a hint, which reads nothing architecturally,
 /// whatever the address (one past an operand's end included).

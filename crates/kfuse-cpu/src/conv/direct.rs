@@ -41,7 +41,7 @@ use super::shifted::Grid;
 use super::{for_each_band_fitted, Geometry, Post};
 use crate::constants;
 use crate::dense::{epilogue, epilogue_into, has_avx512, with_scratch, with_shared_scratch, Out};
-use crate::prefetch::{ask_line, WEIGHTS_AHEAD};
+use crate::prefetch::{ask_line, weights_ahead};
 use crate::simd::InRegisters;
 use std::sync::Arc;
 
@@ -479,7 +479,10 @@ pub(super) fn phase_planes(
                             xpad,
                             plane,
                             offsets,
-                            &packed[group * per_group..][..per_group],
+                            (
+                                &packed[group * per_group..][..per_group],
+                                weights_ahead(per_group),
+                            ),
                             dst,
                             in_registers.bias.map(|b| &b[group * og..][..og]),
                             None,
@@ -763,6 +766,8 @@ fn conv_copied(
         .collect();
     let packed = pack_tap_major(ws, g.groups, og, cg, shifts.len());
     let per_group = packed.len() / g.groups;
+    // The weights asked for ahead where they stream from memory (`crate::prefetch`).
+    let ahead = weights_ahead(per_group);
     let out = Out(y.as_mut_ptr());
     let all_blocks = og.div_ceil(OB);
     // Weights larger than this are read a block of output channels at a time, that block
@@ -933,9 +938,9 @@ fn conv_copied(
                         // stores go to this task's rows, as `masked_block`'s below.
                         unsafe {
                             match (valid - qb).div_ceil(16) {
-                                1 => block::<1>(col, QB, &[0], w, terms, part, &finish),
-                                2 => block::<2>(col, QB, &[0], w, terms, part, &finish),
-                                _ => block::<NV>(col, QB, &[0], w, terms, part, &finish),
+                                1 => block::<1>(col, QB, &[0], (w, ahead), terms, part, &finish),
+                                2 => block::<2>(col, QB, &[0], (w, ahead), terms, part, &finish),
+                                _ => block::<NV>(col, QB, &[0], (w, ahead), terms, part, &finish),
                             }
                         };
                         continue;
@@ -968,9 +973,9 @@ fn conv_copied(
                             continue;
                         }
                         match (valid - qb).div_ceil(16) {
-                            1 => masked_block::<1>(&taps, w, cg, part, &finish),
-                            2 => masked_block::<2>(&taps, w, cg, part, &finish),
-                            _ => masked_block::<NV>(&taps, w, cg, part, &finish),
+                            1 => masked_block::<1>(&taps, (w, ahead), cg, part, &finish),
+                            2 => masked_block::<2>(&taps, (w, ahead), cg, part, &finish),
+                            _ => masked_block::<NV>(&taps, (w, ahead), cg, part, &finish),
                         }
                     };
                 }
@@ -1171,7 +1176,7 @@ pub(super) unsafe fn compute(
     x: &[f32],
     plane: usize,
     offsets: &[usize],
-    packed: &[f32],
+    (packed, w_ahead): (&[f32], usize),
     dst: Dst,
     bias: Option<&[f32]>,
     residual: Option<Residual>,
@@ -1219,9 +1224,9 @@ pub(super) unsafe fn compute(
         // vectors its positions reach: a 7×7 image's 49 positions take 64, not 96.
         unsafe {
             match (end - qb).div_ceil(16) {
-                1 => block::<1>(x, plane, offsets, w, sums, part, &finish),
-                2 => block::<2>(x, plane, offsets, w, sums, part, &finish),
-                _ => block::<NV>(x, plane, offsets, w, sums, part, &finish),
+                1 => block::<1>(x, plane, offsets, (w, w_ahead), sums, part, &finish),
+                2 => block::<2>(x, plane, offsets, (w, w_ahead), sums, part, &finish),
+                _ => block::<NV>(x, plane, offsets, (w, w_ahead), sums, part, &finish),
             }
         };
     };
@@ -1275,6 +1280,7 @@ pub(super) unsafe fn compute(
                 && (dst.ptr.wrapping_add(head) as usize).is_multiple_of(64)
                 && dst.stride.is_multiple_of(16),
             per_block: per_call,
+            ahead: w_ahead,
         };
         assert!(packed.len() >= whole * per_block);
         assert!(bias.is_none_or(|b| b.len() >= whole * OB));
@@ -1580,7 +1586,7 @@ unsafe fn block<const V: usize>(
     x: &[f32],
     plane: usize,
     offsets: &[usize],
-    w: &[f32],
+    (w, ahead): (&[f32], usize),
     cg: usize,
     dst: Dst,
     finish: &Finish,
@@ -1597,7 +1603,7 @@ unsafe fn block<const V: usize>(
         unsafe {
             let (mut at, mut wt) = (xp.add(off), wp);
             for _ in 0..cg {
-                step(&mut acc, at, wt);
+                step(&mut acc, at, wt, ahead);
                 at = at.add(plane);
                 wt = wt.add(OB);
             }
@@ -1612,6 +1618,7 @@ unsafe fn block<const V: usize>(
                     &mut acc,
                     xp.add(c * plane + off),
                     wp.add((c * taps + t) * OB),
+                    ahead,
                 );
             }
         }
@@ -1640,6 +1647,8 @@ struct Column {
     stream: bool,
     /// Lines of the next band's input asked for per block.
     per_block: usize,
+    /// How far ahead the weights are asked for ([`weights_ahead`]).
+    ahead: usize,
 }
 
 /// The whole blocks of output channels of one column of [`QB`] positions of a pointwise
@@ -1725,7 +1734,7 @@ unsafe fn pointwise_blocks<const BIAS: bool, const RES: bool>(
         unsafe {
             let (mut at, mut wt) = (x, col.weights.add(b * cg * OB));
             for _ in 0..cg {
-                step(&mut acc, at, wt);
+                step(&mut acc, at, wt, col.ahead);
                 at = at.add(col.plane);
                 wt = wt.add(OB);
             }
@@ -1746,12 +1755,17 @@ unsafe fn pointwise_blocks<const BIAS: bool, const RES: bool>(
 /// The CPU must have AVX-512F; `x` must be readable for `16 V` elements and `w` for `OB`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn step<const V: usize>(acc: &mut [[__m512; V]; OB], x: *const f32, w: *const f32) {
+unsafe fn step<const V: usize>(
+    acc: &mut [[__m512; V]; OB],
+    x: *const f32,
+    w: *const f32,
+    ahead: usize,
+) {
     // SAFETY: forwarded from the caller.
     unsafe {
-        // The weights a few thousand terms on, on their way from memory (see
-        // `crate::prefetch`).
-        ask_line(w.wrapping_add(WEIGHTS_AHEAD));
+        // The weights `ahead` on, on their way from memory (see `crate::prefetch`); with
+        // `ahead` 0, the line about to be read, at the cost of the hint alone.
+        ask_line(w.wrapping_add(ahead));
         let xv: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(x.add(16 * v)));
         for (o, row) in acc.iter_mut().enumerate() {
             let wv = _mm512_set1_ps(*w.add(o));
@@ -1945,7 +1959,7 @@ unsafe fn store_partial<const V: usize>(acc: &[[__m512; V]; OB], dst: Dst, finis
 #[target_feature(enable = "avx512f,avx512dq")]
 unsafe fn masked_block<const V: usize>(
     taps: &Taps,
-    w: &[f32],
+    (w, ahead): (&[f32], usize),
     cg: usize,
     dst: Dst,
     finish: &Finish,
@@ -1964,7 +1978,7 @@ unsafe fn masked_block<const V: usize>(
                     _mm512_maskz_loadu_ps(masks[v], at.wrapping_add(16 * v))
                 });
                 let wt = wp.add((t * cg + c) * OB);
-                ask_line(wt.wrapping_add(WEIGHTS_AHEAD));
+                ask_line(wt.wrapping_add(ahead));
                 for (o, row) in acc.iter_mut().enumerate() {
                     let wv = _mm512_set1_ps(*wt.add(o));
                     for (a, xv) in row.iter_mut().zip(&xv) {
@@ -2151,7 +2165,7 @@ unsafe fn gather_column(_: &Taps, _: usize, _: usize, _: &mut [Line]) {
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn masked_block<const V: usize>(_: &Taps, _: &[f32], _: usize, _: Dst, _: &Finish) {
+unsafe fn masked_block<const V: usize>(_: &Taps, _: (&[f32], usize), _: usize, _: Dst, _: &Finish) {
     unreachable!("`applies` is false without AVX-512")
 }
 
@@ -2161,7 +2175,7 @@ unsafe fn block<const V: usize>(
     _: &[f32],
     _: usize,
     _: &[usize],
-    _: &[f32],
+    _: (&[f32], usize),
     _: usize,
     _: Dst,
     _: &Finish,
@@ -2369,7 +2383,10 @@ pub(super) fn inverted_residual(
                     copy,
                     q,
                     &[0],
-                    &packed[blocks.start * per_block..blocks.end * per_block],
+                    (
+                        &packed[blocks.start * per_block..blocks.end * per_block],
+                        weights_ahead(packed.len()),
+                    ),
                     dst,
                     expand_in_registers.bias.map(|b| &b[chans.clone()]),
                     None,
@@ -2509,7 +2526,10 @@ fn pointwise_bands(
                 tile,
                 plane,
                 &[0],
-                &packed[blocks.start * per_block..blocks.end * per_block],
+                (
+                    &packed[blocks.start * per_block..blocks.end * per_block],
+                    weights_ahead(packed.len()),
+                ),
                 dst,
                 in_registers.bias.map(|b| &b[chans.clone()]),
                 residual,
@@ -2553,7 +2573,7 @@ fn pointwise_bands(
                     tile,
                     q_blocks,
                     &[0],
-                    &packed,
+                    (&packed, weights_ahead(packed.len())),
                     dst,
                     staged_in_registers.bias,
                     None,
@@ -3056,7 +3076,7 @@ mod tests {
                         &x,
                         plane,
                         offsets,
-                        &packed,
+                        (&packed, weights_ahead(packed.len())),
                         dst,
                         Some(&bias),
                         None,

@@ -43,6 +43,7 @@ use super::direct::{self, Dst, OB};
 use super::{for_each_band_fitted, Geometry, Post};
 use crate::constants;
 use crate::dense::{epilogue, has_avx512, with_scratch, with_shared_scratch, Out};
+use crate::prefetch::weights_ahead;
 use crate::simd::InRegisters;
 
 /// Output channels per block of products: their `M` planes are written and read while hot.
@@ -532,7 +533,9 @@ unsafe fn product(
             &v[..c_in * tp],
             tp,
             &[0],
-            w,
+            // Asked for ahead where the whole transform streams from memory (ResNet-50's
+            // 7×7 layers: 16 MB).
+            (w, weights_ahead(u.len())),
             dst,
             None,
             None,
