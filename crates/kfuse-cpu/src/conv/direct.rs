@@ -1503,7 +1503,7 @@ impl Residual {
     }
 
     /// The residual's element for the output element at `p`.
-    fn at(&self, p: *const f32) -> *const f32 {
+    pub(super) fn at(&self, p: *const f32) -> *const f32 {
         self.base
             .wrapping_add((p as usize - self.out) / std::mem::size_of::<f32>())
     }

@@ -39,11 +39,11 @@ use std::sync::Arc;
 
 use kfuse_ir::Layout;
 
-use super::direct::{self, Dst, OB};
+use super::direct::{self, Dst, Residual, OB};
 use super::{for_each_band_fitted, Geometry, Post};
 use crate::constants;
 use crate::dense::{epilogue, has_avx512, with_scratch, with_shared_scratch, Out};
-use crate::prefetch::weights_ahead;
+use crate::prefetch::{ask_line, weights_ahead};
 use crate::simd::InRegisters;
 
 /// Output channels per block of products: their `M` planes are written and read while hot.
@@ -175,7 +175,9 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
     let Some(u) = finite_transformed(ws, g.groups, og, c_in) else {
         return direct::conv(g, xs, ws, y, post);
     };
-    let (in_registers, rest) = direct::split(post, false);
+    // The residual joins the bias and the activation in the output transform's registers.
+    let (in_registers, rest) = direct::split(post, true);
+    let residual = Residual::of(in_registers.residual, y);
     let act = InRegisters::of(in_registers.act);
     let tw = ow.div_ceil(2);
     // Blocks of output channels per group, and in all (each group's padded to whole blocks).
@@ -238,8 +240,7 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                             cb,
                             &at,
                             c0..c0 + cc,
-                            in_registers.bias,
-                            act,
+                            (in_registers.bias, residual, act),
                             out.ptr(),
                         )
                     };
@@ -780,8 +781,7 @@ unsafe fn output_transform_tiles(
     _: usize,
     _: &[TileLanes<2>],
     _: std::ops::Range<usize>,
-    _: Option<&[f32]>,
-    _: Option<InRegisters>,
+    _: (Option<&[f32]>, Option<Residual>, Option<InRegisters>),
     _: *mut f32,
 ) -> bool {
     unreachable!("`applies` is false without AVX-512")
@@ -1006,8 +1006,9 @@ fn bt(x: [__m512; 4]) -> [__m512; 4] {
 
 /// Output channels `chans` of the band from their products `m[ξ][o][t]` (`o` from
 /// `chans.start`): `Aᵀ M A` for `Aᵀ = [[1, 1, 1, 0], [0, 1, -1, -1]]`,
-/// then the bias and `act`, interleaved into the output rows. Returns whether every result was
-/// finite (before the bias); the stores are then all made.
+/// interleaved into the output rows, then the bias, the residual (laid out as the output)
+/// and `act`. Returns whether every result was finite (before the bias); the stores are then
+/// all made.
 ///
 /// # Safety
 /// The CPU must have AVX-512F and DQ; rows `r0..r1` of channels `chans` of image `n` of the
@@ -1021,8 +1022,7 @@ unsafe fn output_transform(
     cb: usize,
     at: &Band,
     chans: std::ops::Range<usize>,
-    bias: Option<&[f32]>,
-    act: Option<InRegisters>,
+    (bias, residual, act): (Option<&[f32]>, Option<Residual>, Option<InRegisters>),
     y: *mut f32,
 ) -> bool {
     let [_, c_out, oh, ow] = g.y;
@@ -1032,9 +1032,19 @@ unsafe fn output_transform(
     let hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
     let inf = _mm512_set1_ps(f32::INFINITY);
     let mp = m.as_ptr();
-    for (o, co) in chans.enumerate() {
+    for (o, co) in chans.clone().enumerate() {
         let b = _mm512_set1_ps(bias.map_or(0.0, |b| b[co]));
         let plane = y.wrapping_add((at.n * c_out + co) * oh * ow);
+        if let (Some(r), true) = (&residual, co + 1 < chans.end) {
+            // The next channel's rows of the residual, a short run the hardware prefetchers
+            // would pick up late, asked for while this channel's are computed.
+            let next = r.at(plane.wrapping_add(oh * ow + at.r0 * ow));
+            let bytes = (at.r1 - at.r0) * ow * std::mem::size_of::<f32>();
+            let first = next as usize & !63;
+            for line in (first..next as usize + bytes).step_by(64) {
+                ask_line(line as *const f32);
+            }
+        }
         for tr in 0..tile_rows {
             for t0 in (0..at.tw).step_by(16) {
                 let lanes = (at.tw - t0).min(16);
@@ -1068,29 +1078,35 @@ unsafe fn output_transform(
                     if finite != keep {
                         return false;
                     }
-                    let finish = |v: __m512| {
-                        let v = _mm512_add_ps(v, b);
-                        match act {
-                            // SAFETY: compiled for AVX-512F and DQ.
-                            Some(act) => unsafe { act.apply(v) },
-                            None => v,
-                        }
-                    };
-                    let (y0, y1) = (finish(y0), finish(y1));
                     // Columns 2 * t0.. of row r: the two results of each tile side by side.
                     let x0 = 2 * t0;
                     let n = (ow - x0).min(32);
                     let row = plane.wrapping_add(r * ow + x0);
                     let first = ((1u32 << n.min(16)) - 1) as __mmask16;
                     let second = ((1u32 << n.saturating_sub(16)) - 1) as __mmask16;
+                    let finish = |v: __m512, at: *mut f32, mask: __mmask16| {
+                        let mut v = _mm512_add_ps(v, b);
+                        if let Some(r) = &residual {
+                            // SAFETY: the residual's elements of this task's output pixels.
+                            v = _mm512_add_ps(v, unsafe { _mm512_maskz_loadu_ps(mask, r.at(at)) });
+                        }
+                        match act {
+                            // SAFETY: compiled for AVX-512F and DQ.
+                            Some(act) => unsafe { act.apply(v) },
+                            None => v,
+                        }
+                    };
+                    let (p0, p1) = (
+                        _mm512_permutex2var_ps(y0, lo, y1),
+                        _mm512_permutex2var_ps(y0, hi, y1),
+                    );
+                    let at = row.wrapping_add(16);
                     // SAFETY: columns x0..x0 + n of row r < r1 of this channel.
                     unsafe {
-                        _mm512_mask_storeu_ps(row, first, _mm512_permutex2var_ps(y0, lo, y1));
-                        _mm512_mask_storeu_ps(
-                            row.wrapping_add(16),
-                            second,
-                            _mm512_permutex2var_ps(y0, hi, y1),
-                        );
+                        _mm512_mask_storeu_ps(row, first, finish(p0, row, first));
+                        if second != 0 {
+                            _mm512_mask_storeu_ps(at, second, finish(p1, at, second));
+                        }
                     }
                 }
             }
@@ -1112,8 +1128,7 @@ unsafe fn output_transform(
     _: usize,
     _: &Band,
     _: std::ops::Range<usize>,
-    _: Option<&[f32]>,
-    _: Option<InRegisters>,
+    _: (Option<&[f32]>, Option<Residual>, Option<InRegisters>),
     _: *mut f32,
 ) -> bool {
     unreachable!("`applies` is false without AVX-512")
@@ -1148,8 +1163,9 @@ mod tests {
         )
     }
 
-    /// Runs `g` on `xs` and `ws` bare and with each epilogue path (bias + ReLU and bias + clamp
-    /// in registers, bias + residual + tanh after the stores), checking every output against
+    /// Runs `g` on `xs` and `ws` bare and with each epilogue path (bias + ReLU, bias + clamp and,
+    /// on the band-wise path, bias + residual + ReLU in registers; bias + residual + tanh, the
+    /// tanh after the stores), checking every output against
     /// its sum of products (`residual_seed` draws the residual).
     fn check_epilogues(g: &Geometry, xs: &[f32], ws: &[f32], residual_seed: u64, what: &str) {
         check_routine(conv, g, xs, ws, residual_seed, what)
@@ -1185,6 +1201,10 @@ mod tests {
                     None,
                 ),
                 "bias + clamp",
+            ),
+            (
+                with(Activation::Relu, Some(&residual[..])),
+                "bias + residual + relu",
             ),
             (
                 with(Activation::Tanh, Some(&residual[..])),
