@@ -801,7 +801,51 @@ fn im2col_gemm<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Pos
             unsafe { finish_band(g, out.ptr(), n, r0, r1, post) };
         }
     };
-    for_each_band(n_images, oh, k * ow * std::mem::size_of::<T>(), &job);
+    // A pointwise product in NCHW reads its input rows in place (or packs them block by block
+    // inside the GEMM): no copy of the band's columns has to fit in cache, so its bands are
+    // sized for balance alone, and start on a cache line of the plane (see [`aligned_rows`]).
+    let pointwise_nchw = pointwise && g.layout == Layout::Nchw;
+    let bytes_per_row = if pointwise_nchw {
+        0
+    } else {
+        k * ow * std::mem::size_of::<T>()
+    };
+    let line = 64 / std::mem::size_of::<T>();
+    let fit = |rows: usize| {
+        if pointwise_nchw {
+            aligned_rows(rows, oh, ow, line)
+        } else {
+            rows
+        }
+    };
+    for_each_band_fitted(n_images, oh, bytes_per_row, fit, &job);
+}
+
+/// The rows of each band of an `oh × ow` output whose bands `rows` high would have started
+/// off a cache line (of `line` elements) within the plane: as many bands, made a whole number
+/// of lines long. A band of a 28-wide image then starts every 4 rows, and at 14 every 8: the
+/// GEMM's right operand, the band's input rows read in place, keeps each vector load on one
+/// line, and its columns fill whole vectors, with no last columns as dot products.
+///
+/// `EPI=2 COLD=2 conv_shapes` (bias, residual and ReLU; the weights from memory), ms, four
+/// alternations: 8×512×28×28 → 128 (two bands of 14 rows, one starting mid-line, before the
+/// bands were sized for balance alone; whole images now) 1.92–2.04 → 1.83–1.94, → 256
+/// 3.67–3.83 → 3.60–3.68; 8×256×56×56 → 64 (four bands of 14 rows before) 2.33–2.44 →
+/// 2.15–2.26;
+/// 2×256×14×14 → 1024 (bands of 4 rows, 56 positions, before; 8 rows now) 0.96–0.97 →
+/// 0.69–0.76; 1×96×14×14 → 576 0.17–0.20 → 0.12–0.15.
+fn aligned_rows(rows: usize, oh: usize, ow: usize, line: usize) -> usize {
+    let align = line / gcd(ow.max(1), line);
+    let bands = oh.div_ceil(rows.max(1)).max(1);
+    oh.div_ceil(bands).div_ceil(align) * align
+}
+
+/// The greatest common divisor of `a` and `b`.
+fn gcd(mut a: usize, mut b: usize) -> usize {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 /// The im2col columns of output rows `rows` of image `n`, group `group`: row `kk = (c, i, j)`
@@ -1435,6 +1479,33 @@ mod routes {
     /// `kfuse explain` names the GEMM a GEMM route runs on, and where its epilogue runs: in
     /// the registers of kfuse's f32 GEMM for NCHW im2col (and 1×1) convolutions on AVX-512,
     /// on the `gemm` crate for f64.
+    /// Pointwise bands start on a cache line of the plane and fill whole vectors, as many as
+    /// the balance asked for where the rows allow it, and never more rows than the image.
+    #[test]
+    fn pointwise_bands_start_on_cache_lines() {
+        // (rows asked for, rows of the image, its width, f32 or f64 line) -> rows per band.
+        let cases: [(usize, usize, usize, usize, usize); 10] = [
+            (14, 28, 28, 16, 16),
+            (28, 28, 28, 16, 28),
+            (4, 14, 14, 16, 8),
+            (2, 14, 14, 16, 8),
+            (14, 14, 14, 16, 14),
+            (18, 56, 56, 16, 14),
+            (5, 20, 32, 16, 5),
+            (3, 9, 9, 16, 9),
+            (4, 14, 14, 8, 4),
+            (1, 1, 7, 16, 1),
+        ];
+        for (rows, oh, ow, line, want) in cases {
+            let got = super::aligned_rows(rows, oh, ow, line).min(oh);
+            assert_eq!(got, want, "{rows} of {oh} rows of {ow}, {line} per line");
+            // Every band but the last starts on a line and holds whole vectors.
+            assert!(got == oh || (got * ow).is_multiple_of(line), "{got} x {ow}");
+            // As many bands as asked for, or fewer.
+            assert!(oh.div_ceil(got) <= oh.div_ceil(rows));
+        }
+    }
+
     #[test]
     fn gemm_routes_name_their_gemm() {
         let attrs = Conv2dAttrs {

@@ -276,6 +276,8 @@ fn cases() -> Vec<Case> {
         // of output channels, at a batch of two and of one.
         case([2, 64, 15, 17], 70, [1, 1], [1, 1], [0; 4], [1, 1], 1),
         case([1, 72, 20, 20], 64, [1, 1], [1, 1], [0; 4], [1, 1], 1),
+        // Bands of 8 rows of a 14-wide image (each starting on a cache line), the last of 4.
+        case([1, 64, 20, 14], 48, [1, 1], [1, 1], [0; 4], [1, 1], 1),
         // Strided, as ResNet's down-sampling shortcuts: odd sizes, unequal strides.
         case([2, 64, 29, 31], 72, [1, 1], [2, 2], [0; 4], [1, 1], 1),
         case([1, 64, 30, 15], 64, [1, 1], [2, 1], [0; 4], [1, 1], 1),
