@@ -736,6 +736,7 @@ fn im2col_gemm<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Pos
                             let at = ((n * c_out + group * og) * oh + r0) * ow;
                             let finish = sgemm::Finish {
                                 row_bias: post.bias.map(|b| b[group * og..].as_ptr()),
+                                col_bias: None,
                                 residual: post.residual.map(|r| r[at..].as_ptr()),
                                 activation: post.act,
                                 stream,

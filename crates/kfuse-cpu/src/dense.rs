@@ -364,6 +364,55 @@ pub(crate) unsafe fn gemm_into<T: Real>(
     }
 }
 
+/// `dst[m×n] = lhs[m×k] @ rhs[k×n]` then its epilogue (a bias per column, a residual laid out
+/// as `dst`, then ReLU or no activation), each tile finished in registers as its last block of
+/// steps is stored ([`sgemm::Finish`]), with no pass over `dst` after it: f32 on kfuse's own
+/// GEMM only. Returns whether it ran; where it did not (another dtype, a CPU without AVX-512,
+/// a product too narrow, an activation without a form in registers), nothing was written.
+///
+/// # Safety
+/// As for [`gemm_into`], with `dst`'s rows `ldc` apart and its columns contiguous; `bias`
+/// holds `n` values and `residual` an `m × n` matrix with `dst`'s row stride.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_finished<T: Real>(
+    [m, n, k]: [usize; 3],
+    (dst, ldc): (*mut T, usize),
+    (lhs, lhs_rs, lhs_cs): (*const T, usize, usize),
+    (rhs, rhs_rs, rhs_cs): (*const T, usize, usize),
+    bias: Option<&[T]>,
+    residual: Option<*const T>,
+    activation: Option<Activation>,
+) -> bool {
+    let f32 = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
+    if !f32 || !sgemm::applies(m, n, k) || !matches!(activation, None | Some(Activation::Relu)) {
+        return false;
+    }
+    let strided = |ptr: *const T, rs: usize, cs: usize| Strided {
+        ptr: ptr.cast::<f32>(),
+        rs,
+        cs,
+    };
+    let finish = Finish {
+        row_bias: None,
+        col_bias: bias.map(|b| b.as_ptr().cast::<f32>()),
+        residual: residual.map(|r| r.cast::<f32>()),
+        activation,
+        stream: false,
+    };
+    // SAFETY: forwarded from the caller; `T` is f32.
+    unsafe {
+        sgemm::sgemm(
+            [m, n, k],
+            strided(lhs, lhs_rs, lhs_cs),
+            strided(rhs, rhs_rs, rhs_cs),
+            (dst.cast::<f32>(), ldc),
+            false,
+            &finish,
+        )
+    };
+    true
+}
+
 /// `max(v, 0)`, passing NaN through as the IR's `relu` does (`v < 0` is false for NaN).
 /// The IR's `clamp(v, lo, hi) = minimum(maximum(v, lo), hi)` (IEEE 754-2019: NaN if any
 /// operand is NaN, `+0` above `-0`), as `kfuse-math` defines them.

@@ -73,13 +73,16 @@ pub(crate) struct Strided {
 }
 
 /// What the sums of a tile get once the last of them is in, before they are stored, in the
-/// IR's order: a bias per row of the output (an NCHW convolution's output channel), then a
-/// residual laid out as the output, then the activation. Each step rounds as the IR's op does,
+/// IR's order: a bias per row of the output (an NCHW convolution's output channel) or per
+/// column (a dense layer's output feature), then a residual laid out as the output, then the
+/// activation. Each step rounds as the IR's op does,
 /// so the result is the one a pass over the stored output gives, without that pass.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Finish {
     /// `m` values, one per row.
     pub row_bias: Option<*const f32>,
+    /// `n` values, one per column.
+    pub col_bias: Option<*const f32>,
     /// An `m × n` matrix with the output's row stride.
     pub residual: Option<*const f32>,
     pub activation: Option<Activation>,
@@ -91,14 +94,18 @@ pub(crate) struct Finish {
 
 impl Finish {
     fn is_empty(&self) -> bool {
-        self.row_bias.is_none() && self.residual.is_none() && self.activation.is_none()
+        self.row_bias.is_none()
+            && self.col_bias.is_none()
+            && self.residual.is_none()
+            && self.activation.is_none()
     }
 
-    /// The finish of the tile at row `i` and element `at` of the output.
-    fn at(&self, i: usize, at: usize) -> Finish {
+    /// The finish of the tile at row `i`, column `j` and element `at` of the output.
+    fn at(&self, i: usize, j: usize, at: usize) -> Finish {
         // Offsets within the operands the caller vouches for.
         Finish {
             row_bias: self.row_bias.map(|b| b.wrapping_add(i)),
+            col_bias: self.col_bias.map(|b| b.wrapping_add(j)),
             residual: self.residual.map(|r| r.wrapping_add(at)),
             activation: self.activation,
             stream: self.stream,
@@ -244,14 +251,16 @@ pub(crate) unsafe fn sgemm(
                                     }
                                 }
                             }
-                            match last.then(|| finish.at(ir, at)) {
+                            let col = jc + panel * NR;
+                            match last.then(|| finish.at(ir, col, at)) {
                                 None => dispatch(rows, cols.div_ceil(16), &tile),
                                 Some(f) => finished(rows, &tile, &f),
                             }
                         }
                         if let Some(bt) = &dots {
                             let at = ir * ldc + n;
-                            let f = (pc + kc == k && !finish.is_empty()).then(|| finish.at(ir, at));
+                            let f =
+                                (pc + kc == k && !finish.is_empty()).then(|| finish.at(ir, n, at));
                             let tile = Tile {
                                 a: a_at,
                                 a_rs: a.rs,
@@ -392,7 +401,11 @@ unsafe fn dot_tile(rows: usize, t: &Tile, f: Option<&Finish>) {
     // A finish of a bias, a residual and ReLU (or no activation) is applied to the sums in
     // registers; any other after they are stored, by the epilogue.
     let (in_registers, after) = match f {
-        Some(f) if matches!(f.activation, None | Some(Activation::Relu)) => (Some(f), None),
+        Some(f)
+            if matches!(f.activation, None | Some(Activation::Relu)) && f.col_bias.is_none() =>
+        {
+            (Some(f), None)
+        }
         other => (None, other),
     };
     for j0 in (0..t.cols).step_by(4) {
@@ -402,7 +415,7 @@ unsafe fn dot_tile(rows: usize, t: &Tile, f: Option<&Finish>) {
             cols: 4.min(t.cols - j0),
             ..*t
         };
-        let f = in_registers.map(|f| f.at(0, j0));
+        let f = in_registers.map(|f| f.at(0, j0, j0));
         let f = f.as_ref();
         macro_rules! by_columns {
             ($r:literal) => {
@@ -445,10 +458,13 @@ unsafe fn finish_stored(rows: usize, t: &Tile, f: &Finish) {
             let residual = f
                 .residual
                 .map(|r| std::slice::from_raw_parts(r.add(i * t.ldc), t.cols));
+            let bias = match (f.row_bias, f.col_bias) {
+                (Some(b), _) => RowBias::Same(*b.add(i)),
+                (None, Some(b)) => RowBias::Each(std::slice::from_raw_parts(b, t.cols)),
+                (None, None) => RowBias::None,
+            };
             let tail = Tail {
-                bias: f
-                    .row_bias
-                    .map_or(RowBias::None, |b| RowBias::Same(*b.add(i))),
+                bias,
                 scale: RowBias::None,
                 residual,
                 activation: f.activation,
@@ -762,6 +778,9 @@ unsafe fn kernel_finished<const RELU: bool, const RES: bool, const STREAM: bool>
                 if f.row_bias.is_some() {
                     value = _mm512_add_ps(value, bias);
                 }
+                if let Some(b) = f.col_bias {
+                    value = _mm512_add_ps(value, _mm512_loadu_ps(b.add(16 * v)));
+                }
                 if RES {
                     value = _mm512_add_ps(value, _mm512_loadu_ps(residual.add(at)));
                 }
@@ -959,8 +978,9 @@ mod tests {
         }
     }
 
-    /// The finish in registers (bias per row, residual, ReLU or none; whole tiles, edge tiles,
-    /// several blocks of steps, a product of no steps) gives bit for bit what storing the product
+    /// The finish in registers (bias per row or per column, residual, ReLU or none; whole tiles,
+    /// edge tiles and dot columns, several blocks of steps, a product of no steps) gives bit for
+    /// bit what storing the product
     /// and running the epilogue pass over it gives, NaN, infinities and signed zeros included;
     /// the other activations take the stored-then-finished route, also bit for bit.
     #[test]
@@ -971,11 +991,14 @@ mod tests {
             );
             return;
         }
+        // The last two finishes take a bias per column instead of per row.
         let activations = [
             None,
             Some(Activation::Relu),
             Some(Activation::Sigmoid),
             Some(Activation::Relu),
+            Some(Activation::Relu),
+            Some(Activation::Sigmoid),
         ];
         for (case, &(m, n, k)) in [
             (12, 128, 64),
@@ -991,6 +1014,8 @@ mod tests {
             let (av, bv) = (values(m * k, 3), values(k * n, 4));
             let (a, b) = (strided(&av, m, k, false), strided(&bv, k, n, false));
             let mut bias = values(m, 5);
+            let mut col_bias = values(n, 7);
+            col_bias[n - 1] = f32::INFINITY;
             let mut residual = values(m * n, 6);
             bias[0] = -0.0;
             residual[1] = f32::NAN;
@@ -1000,8 +1025,9 @@ mod tests {
                 // The third finish streams its whole tiles (rows of 16-multiple widths, the
                 // output on a cache line).
                 let finish = Finish {
-                    row_bias: (which != 1).then_some(bias.as_ptr()),
-                    residual: (which >= 1).then_some(residual.as_ptr()),
+                    row_bias: (which != 1 && which < 4).then_some(bias.as_ptr()),
+                    col_bias: (which >= 4).then_some(col_bias.as_ptr()),
+                    residual: (which >= 1 && which != 5).then_some(residual.as_ptr()),
                     activation,
                     stream: which == 3,
                 };
@@ -1023,9 +1049,11 @@ mod tests {
                 }
                 for (i, row) in want.chunks_mut(n).enumerate() {
                     let tail = Tail {
-                        bias: finish
-                            .row_bias
-                            .map_or(RowBias::None, |_| RowBias::Same(bias[i])),
+                        bias: match (finish.row_bias, finish.col_bias) {
+                            (Some(_), _) => RowBias::Same(bias[i]),
+                            (None, Some(_)) => RowBias::Each(&col_bias),
+                            (None, None) => RowBias::None,
+                        },
                         scale: RowBias::None,
                         residual: finish.residual.map(|_| &residual[i * n..][..n]),
                         activation,
