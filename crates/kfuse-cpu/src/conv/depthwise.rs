@@ -325,6 +325,10 @@ mod in_place {
     /// Output rows summed together: their sums are independent FMA chains, and each input
     /// vector loaded feeds every one of them its row reaches.
     const ROWS: usize = 4;
+    // `band_k` instantiates its steps for 1, 2 and 3 rows and for `ROWS`, and sends every
+    // other count to the last: that is exact only while `ROWS` is 4 (a larger `ROWS` would run
+    // a step of `ROWS` rows over fewer).
+    const _: () = assert!(ROWS == 4, "band_k's steps cover 1 to 4 rows");
     /// The most input rows one step reads: `(ROWS - 1) * stride + KH`, for the largest
     /// filter at stride 2.
     const MAX_IN: usize = (ROWS - 1) * 2 + 5;
