@@ -828,13 +828,12 @@ fn im2col_gemm<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Pos
 /// GEMM's right operand, the band's input rows read in place, keeps each vector load on one
 /// line, and its columns fill whole vectors, with no last columns as dot products.
 ///
-/// `EPI=2 COLD=2 conv_shapes` (bias, residual and ReLU; the weights from memory), ms, four
-/// alternations: 8×512×28×28 → 128 (two bands of 14 rows, one starting mid-line, before the
-/// bands were sized for balance alone; whole images now) 1.92–2.04 → 1.83–1.94, → 256
+/// `EPI=2 COLD=2 conv_shapes` (bias, residual and ReLU; the weights from memory), ms, three or
+/// four alternations: 8×512×28×28 → 128 (two bands of 14 rows, one starting mid-line, before
+/// the bands were sized for balance alone; whole images now) 1.92–2.04 → 1.83–1.94, → 256
 /// 3.67–3.83 → 3.60–3.68; 8×256×56×56 → 64 (four bands of 14 rows before) 2.33–2.44 →
-/// 2.15–2.26;
-/// 2×256×14×14 → 1024 (bands of 4 rows, 56 positions, before; 8 rows now) 0.96–0.97 →
-/// 0.69–0.76; 1×96×14×14 → 576 0.17–0.20 → 0.12–0.15.
+/// 2.15–2.26; 2×256×14×14 → 1024 (bands of 4 rows, 56 positions, before; 8 rows now)
+/// 0.96–0.97 → 0.69–0.76; 1×96×14×14 → 576 0.17–0.20 → 0.12–0.15.
 fn aligned_rows(rows: usize, oh: usize, ow: usize, line: usize) -> usize {
     let align = line / gcd(ow.max(1), line);
     let bands = oh.div_ceil(rows.max(1)).max(1);
@@ -1477,9 +1476,6 @@ mod routes {
         assert_eq!(route(8, 1024, 2048, 14, 1, 2), Route::Direct);
     }
 
-    /// `kfuse explain` names the GEMM a GEMM route runs on, and where its epilogue runs: in
-    /// the registers of kfuse's f32 GEMM for NCHW im2col (and 1×1) convolutions on AVX-512,
-    /// on the `gemm` crate for f64.
     /// Pointwise bands start on a cache line of the plane and fill whole vectors, as many as
     /// the balance asked for where the rows allow it, and never more rows than the image.
     #[test]
@@ -1507,6 +1503,9 @@ mod routes {
         }
     }
 
+    /// `kfuse explain` names the GEMM a GEMM route runs on, and where its epilogue runs: in
+    /// the registers of kfuse's f32 GEMM for NCHW im2col (and 1×1) convolutions on AVX-512,
+    /// on the `gemm` crate for f64.
     #[test]
     fn gemm_routes_name_their_gemm() {
         let attrs = Conv2dAttrs {

@@ -75,8 +75,8 @@ pub(crate) struct Strided {
 /// What the sums of a tile get once the last of them is in, before they are stored, in the
 /// IR's order: a bias per row of the output (an NCHW convolution's output channel) or per
 /// column (a dense layer's output feature), then a residual laid out as the output, then the
-/// activation. Each step rounds as the IR's op does,
-/// so the result is the one a pass over the stored output gives, without that pass.
+/// activation. Each step rounds as the IR's op does, so the result is the one a pass over the
+/// stored output gives, without that pass.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Finish {
     /// `m` values, one per row.
@@ -980,9 +980,9 @@ mod tests {
 
     /// The finish in registers (bias per row or per column, residual, ReLU or none; whole tiles,
     /// edge tiles and dot columns, several blocks of steps, a product of no steps) gives bit for
-    /// bit what storing the product
-    /// and running the epilogue pass over it gives, NaN, infinities and signed zeros included;
-    /// the other activations take the stored-then-finished route, also bit for bit.
+    /// bit what storing the product and running the epilogue pass over it gives, NaN,
+    /// infinities and signed zeros included; the other activations take the
+    /// stored-then-finished route, also bit for bit.
     #[test]
     fn a_finished_product_is_the_product_then_its_epilogue() {
         if !applies(1, 16, 1) {
