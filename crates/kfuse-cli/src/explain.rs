@@ -60,7 +60,7 @@ fn conv_routine(program: &Program, step: &Step) -> Option<String> {
     let ty = |b| &program.buffer(b).ty;
     let (x, w) = (ty(x), ty(w));
     Some(match pool {
-        Some(pool) => kfuse::cpu::conv::pooled_routine(
+        Some(pool) => kfuse::routines::conv::pooled_routine(
             x.shape.dims(),
             w.shape.dims(),
             attrs,
@@ -68,7 +68,7 @@ fn conv_routine(program: &Program, step: &Step) -> Option<String> {
             x.dtype,
             &pool.attrs,
         ),
-        None => kfuse::cpu::conv::routine(
+        None => kfuse::routines::conv::routine(
             x.shape.dims(),
             w.shape.dims(),
             attrs,
@@ -356,7 +356,7 @@ pub fn explain(
 
 /// An absorbed activation node as explain names it (a clamp with its bounds).
 fn activation_name(graph: &Graph, node: kfuse::NodeId) -> String {
-    kfuse::fusion::Activation::of_node(graph, node)
+    <kfuse::fusion::Activation as kfuse::fusion::ActivationNode>::of_node(graph, node)
         .map_or_else(|| graph.node(node).op.name().to_string(), |a| a.describe())
 }
 

@@ -267,10 +267,7 @@ fn index_op(op: IndexOp, a: &str, b: &str) -> String {
     }
 }
 
-/// Kernels writing at least this many bytes stream their contiguous stores: the output cannot
-/// stay in the last-level cache for its consumer anyway, and non-temporal stores skip reading
-/// each line for ownership before overwriting it (a third of the traffic of `y = f(x)`).
-pub const STREAM_MIN_BYTES: usize = 16 << 20;
+pub use kfuse_routines::STREAM_MIN_BYTES;
 
 /// Bytes a kernel writes, all outputs together.
 fn written_bytes(kernel: &Kernel) -> usize {

@@ -9,8 +9,9 @@ mod partition;
 pub mod structured;
 
 pub use cost::{CostModel, FixedCostModel};
+pub use kfuse_ir::{Activation, Bounds};
 pub use partition::{
     partition, print_partition, row_axes, splits_rows, FusePolicy, FusionDecision, Kernel,
     KernelKind, Partition, MIN_ROW,
 };
-pub use structured::{Activation, Bounds, Chain, StructuredGroup};
+pub use structured::{ActivationNode, Chain, StructuredGroup};

@@ -3,6 +3,7 @@
 //!
 //! This crate knows nothing about devices, buffers or execution.
 
+mod activation;
 mod array;
 mod dtype;
 mod error;
@@ -12,6 +13,7 @@ mod op;
 pub mod shape;
 pub mod text;
 
+pub use activation::{Activation, Bounds};
 pub use array::{Array, ArrayShapeError, Element, Storage};
 pub use dtype::DType;
 pub use error::{IrError, TypeError};

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use kfuse_fusion::{KernelKind, Partition};
+use kfuse_fusion::{ActivationNode, KernelKind, Partition};
 use kfuse_ir::{
     Array, BinaryOp, CompareOp, DType, Graph, NodeId, Op, PadMode, ReduceOp, Shape, Value,
 };

@@ -122,7 +122,7 @@ pub struct Runner<'a> {
     slots: Vec<Option<Storage>>,
     /// The program's constants, registered as unchanging while the runner borrows them, so
     /// that the convolution kernels keep their packed weights between runs.
-    _constants: kfuse_cpu::constants::Registration,
+    _constants: kfuse_routines::constants::Registration,
 }
 
 impl<'a> Runner<'a> {
@@ -131,11 +131,12 @@ impl<'a> Runner<'a> {
     pub fn new(program: &'a Program, tiers: &'a [Option<Tier>], numerics: Numerics) -> Self {
         let plan = plan_memory(program);
         let slots = vec![None; plan.slots.len()];
-        let constants =
-            kfuse_cpu::constants::register(program.buffers.iter().filter_map(|b| match &b.kind {
+        let constants = kfuse_routines::constants::register(program.buffers.iter().filter_map(
+            |b| match &b.kind {
                 BufferKind::Constant(a) => Some(a.storage()),
                 _ => None,
-            }));
+            },
+        ));
         Runner {
             program,
             tiers,
@@ -296,11 +297,11 @@ impl<'a> Runner<'a> {
                 } if self.numerics == Numerics::Fast
                     && match op {
                         // f16 and bf16 too, widened and rounded as the reference rounds.
-                        kfuse_ir::Op::MatMul => kfuse_cpu::matmul::writes(
+                        kfuse_ir::Op::MatMul => kfuse_routines::matmul::writes(
                             program.buffer(ins[0]).ty.dtype,
                             program.buffer(outputs[0]).ty.dtype,
                         ),
-                        _ => kfuse_cpu::conv::computes(program.buffer(ins[0]).ty.dtype),
+                        _ => kfuse_routines::conv::computes(program.buffer(ins[0]).ty.dtype),
                     }
                     && !match op {
                         kfuse_ir::Op::Conv2d(attrs) => padded_weights_not_finite(
@@ -330,7 +331,7 @@ impl<'a> Runner<'a> {
                         cast: false,
                         pool: None,
                     };
-                    let view = |i: usize| kfuse_cpu::dense::View {
+                    let view = |i: usize| kfuse_routines::dense::View {
                         storage: storage_of(ins[i]).expect("library inputs are computed first"),
                         dims: program.buffer(ins[i]).ty.shape.dims(),
                     };
@@ -348,14 +349,14 @@ impl<'a> Runner<'a> {
                     op: kfuse_ir::Op::Pool2d(attrs),
                     inputs: ins,
                     outputs,
-                } if kfuse_cpu::pooling::supported(program.buffer(ins[0]).ty.dtype) => {
+                } if kfuse_routines::pooling::supported(program.buffer(ins[0]).ty.dtype) => {
                     // Bit-identical to the reference, so in both numerics modes.
                     stats.library_steps += 1;
-                    let x = kfuse_cpu::dense::View {
+                    let x = kfuse_routines::dense::View {
                         storage: storage_of(ins[0]).expect("library inputs are computed first"),
                         dims: program.buffer(ins[0]).ty.shape.dims(),
                     };
-                    kfuse_cpu::pooling::pool2d(
+                    kfuse_routines::pooling::pool2d(
                         x,
                         attrs,
                         program.buffer(outputs[0]).ty.shape.dims(),
@@ -374,7 +375,7 @@ impl<'a> Runner<'a> {
                     outputs,
                 } => {
                     stats.library_steps += 1;
-                    let view = |b: BufId| kfuse_cpu::dense::View {
+                    let view = |b: BufId| kfuse_routines::dense::View {
                         storage: storage_of(b).expect("structured inputs are computed first"),
                         dims: program.buffer(b).ty.shape.dims(),
                     };
@@ -391,13 +392,16 @@ impl<'a> Runner<'a> {
                     // their products fast within the reference's step, see
                     // `fast_half_conv`).
                     let routine = match call.anchor {
-                        Anchor::MatMul { .. } => kfuse_cpu::matmul::writes(compute, out_ty.dtype),
+                        Anchor::MatMul { .. } => {
+                            kfuse_routines::matmul::writes(compute, out_ty.dtype)
+                        }
                         // f16 and bf16 too, through f32 with each step rounded (a separable
                         // block's convolutions one after the other).
                         Anchor::Conv { .. } => {
-                            kfuse_cpu::conv::computes(compute)
+                            kfuse_routines::conv::computes(compute)
                                 && compute == out_ty.dtype
-                                && (call.pool.is_none() || kfuse_cpu::pooling::supported(compute))
+                                && (call.pool.is_none()
+                                    || kfuse_routines::pooling::supported(compute))
                         }
                     };
                     let fast = self.numerics == Numerics::Fast
@@ -555,7 +559,7 @@ fn padded_weights_not_finite(attrs: &kfuse_ir::Conv2dAttrs, weights: &Storage) -
     attrs.padding.iter().any(|&p| p > 0)
         && match weights {
             Storage::F32(w) => {
-                !kfuse_cpu::constants::holds(w, kfuse_cpu::constants::FINITE, || {
+                !kfuse_routines::constants::holds(w, kfuse_routines::constants::FINITE, || {
                     all_finite(w, |v| v.is_finite())
                 })
             }
@@ -703,9 +707,9 @@ fn reference_structured<'a>(
 /// dtypes, and for a padded convolution with a non-finite weight (see
 /// [`padded_weights_not_finite`]): those run on the reference. Everything around the product
 /// (a structured step's epilogue) stays op by op, each op rounding to the half dtype as the
-/// reference does. It is `kfuse_cpu::conv::conv2d`'s half-precision path with no epilogue,
+/// reference does. It is `kfuse_routines::conv::conv2d`'s half-precision path with no epilogue,
 /// for the steps the runner evaluates op by op. (Half-precision matmuls, bare or structured,
-/// go to `kfuse_cpu::matmul`, which rounds every step of their epilogue itself.)
+/// go to `kfuse_routines::matmul`, which rounds every step of their epilogue itself.)
 fn fast_half_conv<'a>(
     op: &kfuse_ir::Op,
     operands: &[&'a Array],
@@ -721,19 +725,19 @@ fn fast_half_conv<'a>(
     {
         return None;
     }
-    let view = |a: &'a Array| kfuse_cpu::dense::View {
+    let view = |a: &'a Array| kfuse_routines::dense::View {
         storage: a.storage(),
         dims: a.shape().dims(),
     };
     // The half-precision routine, with no epilogue: the product rounded once.
     let mut out = Storage::zeros(ty.dtype, ty.shape.n_elems());
-    let done = kfuse_cpu::conv::conv2d(
+    let done = kfuse_routines::conv::conv2d(
         view(operands[0]),
         view(operands[1]),
         attrs,
         ty.shape.dims(),
         &mut out,
-        &kfuse_cpu::dense::Epilogue::default(),
+        &kfuse_routines::dense::Epilogue::default(),
     );
     Some(done.map(|()| Array::new(ty.shape.clone(), out).expect("the output fills its shape")))
 }
@@ -794,7 +798,7 @@ fn reference_activation(
 /// right operand, then the bias and the residual if the call adds them.
 fn fast_structured<'a>(
     call: &StructuredCall,
-    operand: &dyn Fn(usize) -> kfuse_cpu::dense::View<'a>,
+    operand: &dyn Fn(usize) -> kfuse_routines::dense::View<'a>,
     n_inputs: usize,
     out_dims: &[usize],
     out: &mut Storage,
@@ -805,7 +809,7 @@ fn fast_structured<'a>(
     let scale_at = n_inputs - 1 - usize::from(call.residual);
     let scale = call.scale.then(|| operand(scale_at).storage);
     let bias_at = scale_at - usize::from(call.scale);
-    let epilogue = kfuse_cpu::dense::Epilogue {
+    let epilogue = kfuse_routines::dense::Epilogue {
         bias: call.bias.then(|| operand(bias_at).storage),
         scale,
         residual,
@@ -824,7 +828,7 @@ fn fast_structured<'a>(
             };
             let expand = d.expand.as_ref().map(|e| {
                 let w = take(true).expect("expand weights");
-                let epilogue = kfuse_cpu::dense::Epilogue {
+                let epilogue = kfuse_routines::dense::Epilogue {
                     bias: take(e.bias).map(|b| b.storage),
                     scale: None,
                     residual: None,
@@ -833,7 +837,7 @@ fn fast_structured<'a>(
                 (e, w, epilogue)
             });
             let wd = take(true).expect("depthwise weights");
-            let middle = kfuse_cpu::dense::Epilogue {
+            let middle = kfuse_routines::dense::Epilogue {
                 bias: take(d.bias).map(|b| b.storage),
                 scale: None,
                 residual: None,
@@ -848,14 +852,16 @@ fn fast_structured<'a>(
                 let Anchor::Conv { conv, .. } = &call.anchor else {
                     unreachable!("a separable anchor is a convolution")
                 };
-                let stage = |x: kfuse_cpu::dense::View,
-                             w: kfuse_cpu::dense::View,
-                             attrs: &kfuse_ir::Conv2dAttrs,
-                             dims: &[usize],
-                             epilogue: &kfuse_cpu::dense::Epilogue| {
-                    let mut y = Storage::zeros(dtype, dims.iter().product());
-                    kfuse_cpu::conv::conv2d(x, w, attrs, dims, &mut y, epilogue).map(|()| y)
-                };
+                let stage =
+                    |x: kfuse_routines::dense::View,
+                     w: kfuse_routines::dense::View,
+                     attrs: &kfuse_ir::Conv2dAttrs,
+                     dims: &[usize],
+                     epilogue: &kfuse_routines::dense::Epilogue| {
+                        let mut y = Storage::zeros(dtype, dims.iter().product());
+                        kfuse_routines::conv::conv2d(x, w, attrs, dims, &mut y, epilogue)
+                            .map(|()| y)
+                    };
                 let expanded = match &expand {
                     Some((e, we, expand_epilogue)) => Some((
                         stage(
@@ -870,19 +876,19 @@ fn fast_structured<'a>(
                     None => None,
                 };
                 let x = match &expanded {
-                    Some((storage, dims)) => kfuse_cpu::dense::View { storage, dims },
+                    Some((storage, dims)) => kfuse_routines::dense::View { storage, dims },
                     None => operand(0),
                 };
                 let dims = d.ty.shape.dims();
                 let depthwise = stage(x, wd, &d.attrs, dims, &middle)?;
-                let x = kfuse_cpu::dense::View {
+                let x = kfuse_routines::dense::View {
                     storage: &depthwise,
                     dims,
                 };
-                return kfuse_cpu::conv::conv2d(x, wp, conv, out_dims, out, &epilogue);
+                return kfuse_routines::conv::conv2d(x, wp, conv, out_dims, out, &epilogue);
             }
             match expand {
-                Some((e, we, expand_epilogue)) => kfuse_cpu::conv::inverted_residual(
+                Some((e, we, expand_epilogue)) => kfuse_routines::conv::inverted_residual(
                     operand(0),
                     (we, &e.attrs, e.ty.shape.dims(), &expand_epilogue),
                     (wd, &d.attrs, d.ty.shape.dims(), &middle),
@@ -891,7 +897,7 @@ fn fast_structured<'a>(
                     out,
                     &epilogue,
                 ),
-                None => kfuse_cpu::conv::separable(
+                None => kfuse_routines::conv::separable(
                     operand(0),
                     wd,
                     &d.attrs,
@@ -908,7 +914,7 @@ fn fast_structured<'a>(
             depthwise: None,
             conv,
         } => match &call.pool {
-            Some(pool) => kfuse_cpu::conv::conv2d_pooled(
+            Some(pool) => kfuse_routines::conv::conv2d_pooled(
                 operand(0),
                 operand(1),
                 conv,
@@ -918,9 +924,11 @@ fn fast_structured<'a>(
                 out_dims,
                 out,
             ),
-            None => kfuse_cpu::conv::conv2d(operand(0), operand(1), conv, out_dims, out, &epilogue),
+            None => {
+                kfuse_routines::conv::conv2d(operand(0), operand(1), conv, out_dims, out, &epilogue)
+            }
         },
-        Anchor::MatMul { transposed } => kfuse_cpu::matmul::matmul(
+        Anchor::MatMul { transposed } => kfuse_routines::matmul::matmul(
             operand(0),
             operand(1),
             [transposed[0].is_some(), transposed[1].is_some()],

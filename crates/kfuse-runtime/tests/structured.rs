@@ -1499,7 +1499,7 @@ fn half_precision_products_match_the_reference() {
 /// inputs drawn from `seed`, then on those inputs with edge values in every third element,
 /// hold the reference's values exactly (NaN where it has NaN; zeros of either sign alike): for
 /// products of one term, exact in f32, whatever the summation order. A transcendental
-/// activation's subnormal results come out as zeros of their sign (`kfuse_cpu::fpmode`).
+/// activation's subnormal results come out as zeros of their sign (`kfuse_routines::fpmode`).
 fn same_values_in_one_step(text: &str, seed: u64, what: &str) {
     let flushes = ["gelu", "sigmoid", "tanh"].iter().any(|a| text.contains(a));
     let graph = parse_graph(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
@@ -1992,7 +1992,7 @@ fn random_graphs_of_products_match_the_reference() {
 }
 
 /// Fast numerics flush the subnormal results of a transcendental activation in an epilogue
-/// (`kfuse_cpu::fpmode`), leave the calling thread's mode as it was, and keep subnormal products
+/// (`kfuse_routines::fpmode`), leave the calling thread's mode as it was, and keep subnormal products
 /// exactly; strict numerics keep every subnormal. The GELU of a pre-activation of -10.5 is
 /// subnormal (about -5e-40), as in W5b's first layer.
 #[test]
@@ -2044,7 +2044,7 @@ fn fast_activation_epilogues_flush_subnormal_results_and_nothing_else_does() {
             assert_eq!(exe.program.steps.len(), 1, "one structured step:\n{text}");
             let (outputs, _) = exe.run(&inputs, &CustomOps::new()).unwrap();
             assert!(
-                !kfuse_cpu::fpmode::flushing(),
+                !kfuse_routines::fpmode::flushing(),
                 "the caller's mode is restored"
             );
             let y = outputs.into_iter().next().unwrap().1;
@@ -2258,7 +2258,7 @@ fn pooled_convolutions_match_the_reference() {
         };
         let pooled = call.pool.as_ref().expect("the pooling is absorbed");
         let conv_dims = pooled.conv_ty.shape.dims();
-        if kfuse_cpu::conv::pools_in_one_pass(
+        if kfuse_routines::conv::pools_in_one_pass(
             &[n, c, h, w],
             &[*c_out, c, kernel[0], kernel[1]],
             &kfuse_ir::Conv2dAttrs {

@@ -39,7 +39,7 @@ pub use kfuse_runtime::{Backend, CacheAligned, Executable, Options, Tier};
 pub use tensor::{cat, where_, Context, Tensor};
 pub use {
     kfuse_cpu as cpu, kfuse_fusion as fusion, kfuse_kernel as kernel, kfuse_opt as opt,
-    kfuse_runtime as runtime,
+    kfuse_routines as routines, kfuse_runtime as runtime,
 };
 
 /// Errors of the kfuse API.

@@ -1196,10 +1196,7 @@ mod tests {
             (Post::none(), "bare"),
             (with(Activation::Relu, None), "bias + relu"),
             (
-                with(
-                    Activation::Clamp(kfuse_kernel::Bounds::new(-0.5, 1.5)),
-                    None,
-                ),
+                with(Activation::Clamp(kfuse_ir::Bounds::new(-0.5, 1.5)), None),
                 "bias + clamp",
             ),
             (

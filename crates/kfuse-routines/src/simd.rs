@@ -821,7 +821,7 @@ mod tests {
         for &lo in &specials {
             for &hi in &specials {
                 let Some(act) = InRegisters::of(Some(crate::dense::Activation::Clamp(
-                    kfuse_kernel::Bounds::new(f64::from(lo), f64::from(hi)),
+                    kfuse_ir::Bounds::new(f64::from(lo), f64::from(hi)),
                 ))) else {
                     assert!(lo.is_nan() || hi.is_nan(), "clamp({lo}, {hi}) kept out");
                     continue;

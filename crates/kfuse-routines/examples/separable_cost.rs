@@ -2,13 +2,13 @@
 //! with padding 1, then 1×1), run by `conv::separable` on the kernel pool: the median of
 //! `RUNS` (default 41) runs and the fastest, in ms, and the median's GFLOP/s.
 //!
-//! `cargo run --release -p kfuse-cpu --example separable_cost`
+//! `cargo run --release -p kfuse-routines --example separable_cost`
 //!
 //! `N`, `C`, `CO` and `HW` set the batch, the channels in and out, and the image's side;
 //! `RUNS` the timed runs.
 
-use kfuse_cpu::conv::{separable, Epilogue, View};
 use kfuse_ir::{Conv2dAttrs, Layout, Storage};
+use kfuse_routines::conv::{separable, Epilogue, View};
 use std::time::Instant;
 
 #[path = "common/values.rs"]
@@ -32,7 +32,7 @@ fn main() {
     let x = values::activations(n * c * hw * hw);
     let wd = values::weights(c * 9);
     let wp = values::weights(co * c);
-    let _constant = kfuse_cpu::constants::register([&wd, &wp]);
+    let _constant = kfuse_routines::constants::register([&wd, &wp]);
     let depthwise = Conv2dAttrs {
         layout: Layout::Nchw,
         stride: [1, 1],

@@ -5,7 +5,7 @@
 use kfuse_ir::Storage;
 
 use crate::sgemm::{self, Finish, Strided};
-pub use kfuse_kernel::Activation;
+pub use kfuse_ir::Activation;
 
 /// A tensor operand: its data and dims, borrowed where it lives (no copy).
 #[derive(Clone, Copy, Debug)]

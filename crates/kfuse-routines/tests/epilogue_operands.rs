@@ -1,8 +1,8 @@
 //! The fast routines check their epilogue operands (bias, scale, residual) and say what is wrong,
 //! instead of reading out of bounds or misreading another dtype.
 
-use kfuse_cpu::dense::{Activation, Epilogue, View};
 use kfuse_ir::{Conv2dAttrs, Layout, Storage};
+use kfuse_routines::dense::{Activation, Epilogue, View};
 
 /// A fast routine run with the given epilogue.
 type Routine = fn(&Epilogue) -> Result<(), String>;
@@ -10,7 +10,7 @@ type Routine = fn(&Epilogue) -> Result<(), String>;
 fn matmul(epilogue: &Epilogue) -> Result<(), String> {
     let (x, w) = (Storage::F32(vec![1.0; 6]), Storage::F32(vec![1.0; 12]));
     let mut out = Storage::F32(vec![0.0; 8]);
-    kfuse_cpu::matmul::matmul(
+    kfuse_routines::matmul::matmul(
         View {
             storage: &x,
             dims: &[2, 3],
@@ -40,7 +40,7 @@ fn conv(epilogue: &Epilogue) -> Result<(), String> {
         dilation: [1, 1],
         groups: 1,
     };
-    kfuse_cpu::conv::conv2d(
+    kfuse_routines::conv::conv2d(
         View {
             storage: &x,
             dims: &[1, 2, 5, 5],

@@ -2,11 +2,11 @@
 //! and with a per-channel bias and ReLU in its epilogue, on the same input, alternating, 40
 //! times each: what the fused epilogue costs, outside the runtime and its per-case inputs.
 //!
-//! `cargo run --release -p kfuse-cpu --example conv_epilogue_cost`
+//! `cargo run --release -p kfuse-routines --example conv_epilogue_cost`
 
-use kfuse_cpu::conv::{conv2d, Epilogue, View};
-use kfuse_cpu::dense::Activation;
 use kfuse_ir::{Conv2dAttrs, Layout, Storage};
+use kfuse_routines::conv::{conv2d, Epilogue, View};
+use kfuse_routines::dense::Activation;
 use std::time::Instant;
 
 #[path = "common/values.rs"]

@@ -3,13 +3,13 @@
 //! 16 outputs with its input and output in cache (3.2 MB each, in L3), without the memory
 //! traffic of the whole batch. Run with `KFUSE_THREADS=1`:
 //!
-//! `KFUSE_THREADS=1 cargo run --release -p kfuse-cpu --example depthwise_cost`
+//! `KFUSE_THREADS=1 cargo run --release -p kfuse-routines --example depthwise_cost`
 //!
 //! `C`, `HW` and `N` set the channels, the image's side and the batch (MobileNetV2's last
 //! stage: `C=960 HW=7`).
 
-use kfuse_cpu::conv::{conv2d, Epilogue, View};
 use kfuse_ir::{Conv2dAttrs, Layout, Storage};
+use kfuse_routines::conv::{conv2d, Epilogue, View};
 use std::time::Instant;
 
 #[path = "common/values.rs"]

@@ -4,15 +4,15 @@
 //! `pooling::pool2d`), alternating in one process: the median time of each over 21 rounds,
 //! the median of the rounds' ratios, and the largest difference between the two results.
 //!
-//! `cargo run --release -p kfuse-cpu --example pooled_cost`
+//! `cargo run --release -p kfuse-routines --example pooled_cost`
 //!
 //! `SHAPE="n,c,co,hw,k,s,pool_k,pool_s"` sets another convolution (padding `k / 2`) and pool
 //! (padding `pool_k / 2` for odd windows, 0 for even ones): VGG's `8,64,64,224,3,1,2,2`.
 //! `ROUNDS=` sets the rounds; `ONLY_FUSED=1` runs the one-pass form alone (under a profiler).
 
-use kfuse_cpu::conv::{conv2d, conv2d_pooled, Epilogue, View};
-use kfuse_cpu::dense::Activation;
 use kfuse_ir::{Conv2dAttrs, Layout, Pool2dAttrs, PoolKind, Storage};
+use kfuse_routines::conv::{conv2d, conv2d_pooled, Epilogue, View};
+use kfuse_routines::dense::Activation;
 use std::time::Instant;
 
 #[path = "common/values.rs"]
@@ -41,7 +41,7 @@ fn main() {
     let w = values::weights(co * c * k * k);
     let bias = Storage::F32((0..co).map(|i| (i % 5) as f32 * 0.01 - 0.02).collect());
     // Registered as the runner registers a program's weights.
-    let _constant = kfuse_cpu::constants::register([&w]);
+    let _constant = kfuse_routines::constants::register([&w]);
     let attrs = Conv2dAttrs {
         layout: Layout::Nchw,
         stride: [s, s],
@@ -105,7 +105,7 @@ fn main() {
             storage: &conv,
             dims: &cd,
         };
-        kfuse_cpu::pooling::pool2d(cv, &pool, &pd, &mut unfused).unwrap();
+        kfuse_routines::pooling::pool2d(cv, &pool, &pd, &mut unfused).unwrap();
         let b = t.elapsed().as_secs_f64() * 1e3;
         // The first round faults the buffers in.
         if round > 0 {

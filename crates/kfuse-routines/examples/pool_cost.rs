@@ -1,13 +1,13 @@
 //! Max and average pooling of ResNet's stem output (8×64×112×112, 3×3 windows, stride 2,
 //! padding 1), run by `pooling::pool2d` directly: the median and minimum of 20 calls each.
 //!
-//! `cargo run --release -p kfuse-cpu --example pool_cost`
+//! `cargo run --release -p kfuse-routines --example pool_cost`
 //!
 //! `N`, `C`, `HW` set the input, `K`, `S`, `P` the window, stride and padding, and `NHWC=1`
 //! the layout.
 
-use kfuse_cpu::conv::View;
 use kfuse_ir::{Layout, Pool2dAttrs, PoolKind, Storage};
+use kfuse_routines::conv::View;
 use std::time::Instant;
 
 #[path = "common/values.rs"]
@@ -48,7 +48,7 @@ fn main() {
                 storage: &x,
                 dims: &x_dims,
             };
-            kfuse_cpu::pooling::pool2d(x, &attrs, &y_dims, &mut y).unwrap();
+            kfuse_routines::pooling::pool2d(x, &attrs, &y_dims, &mut y).unwrap();
             times.push(start.elapsed().as_secs_f64() * 1e3);
         }
         times.sort_by(f64::total_cmp);

@@ -131,7 +131,7 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
     // An output too large to stay in the last-level cache is copied out of the stage with
     // non-temporal stores, which skip reading each line before overwriting it, where no part of
     // the epilogue is left for the copy.
-    let stream = rest.is_empty() && std::mem::size_of_val(y) >= crate::c::STREAM_MIN_BYTES;
+    let stream = rest.is_empty() && std::mem::size_of_val(y) >= crate::STREAM_MIN_BYTES;
     let out = Out(y.as_mut_ptr());
     let og = g.out_channels_per_group();
     let band_rows = super::band_rows(n_images, oh, phase_row_bytes(g));
@@ -2203,7 +2203,7 @@ pub(super) fn separable(
     // non-temporal stores, which skip reading each line before overwriting it (unless the rest
     // of the epilogue reads it back at once). On one thread, W6a's pointwise half took
     // 8.3-8.5 ms so against 9.0-9.1.
-    let stream = std::mem::size_of_val(y) >= crate::c::STREAM_MIN_BYTES;
+    let stream = std::mem::size_of_val(y) >= crate::STREAM_MIN_BYTES;
     separable_stored(g, xs, wd, middle, wp, c_out, y, post, stream)
 }
 
@@ -2288,7 +2288,7 @@ pub(super) fn pointwise(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], pos
         }
     };
     let row_bytes = c * ow * std::mem::size_of::<f32>();
-    let stream = std::mem::size_of_val(y) >= crate::c::STREAM_MIN_BYTES;
+    let stream = std::mem::size_of_val(y) >= crate::STREAM_MIN_BYTES;
     let dims = [g.x[0], c, g.y[2], g.y[3]];
     // At stride 1 the next band's input rows are asked for into L2 as the blocks run.
     let direct = sh == 1 && sw == 1;
@@ -2430,7 +2430,7 @@ pub(super) fn inverted_residual(
         };
     };
     let row_bytes = (c_exp * (gd.y[3] + sh * w) + c_in * sh * w) * std::mem::size_of::<f32>();
-    let stream = std::mem::size_of_val(y) >= crate::c::STREAM_MIN_BYTES;
+    let stream = std::mem::size_of_val(y) >= crate::STREAM_MIN_BYTES;
     pointwise_bands(
         gd.y,
         wp,
@@ -2991,7 +2991,7 @@ mod tests {
                 Post {
                     bias: None,
                     residual: Some(&residual[..]),
-                    act: Some(Activation::Clamp(kfuse_kernel::Bounds::new(-0.5, 6.0))),
+                    act: Some(Activation::Clamp(kfuse_ir::Bounds::new(-0.5, 6.0))),
                 },
             ];
             for post in posts {

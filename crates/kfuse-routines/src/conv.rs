@@ -702,7 +702,7 @@ fn im2col_gemm<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Pos
     // ownership. ResNet-50's 64 → 256 1×1 convolutions at 56×56 (25.7 MB each, a bias, the
     // residual and ReLU) took 8.0–8.3 ms in all against 9.0–10.8, their consumers unchanged
     // (`kfuse run --profile`, alternating runs).
-    let stream = std::mem::size_of_val(y) >= crate::c::STREAM_MIN_BYTES;
+    let stream = std::mem::size_of_val(y) >= crate::STREAM_MIN_BYTES;
     let job = |n: usize, band: std::ops::Range<usize>| {
         let (r0, r1) = (band.start, band.end);
         let p = (r1 - r0) * ow;

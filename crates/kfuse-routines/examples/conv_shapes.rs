@@ -2,7 +2,7 @@
 //! no epilogue, weights registered as constants), with the routine each runs on: the median of
 //! 20 runs, in ms and GFLOP/s.
 //!
-//! `cargo run --release -p kfuse-cpu --example conv_shapes`
+//! `cargo run --release -p kfuse-routines --example conv_shapes`
 //!
 //! `SHAPES="8,256,64,56,1,1;8,64,256,56,1,1"` (batch, channels in, out, image side, kernel
 //! side, stride; shapes separated by `;`) measures those shapes instead; `EPI=1` adds a bias
@@ -11,8 +11,8 @@
 //! activations (input, residual, output) back, so that only the weights come from memory, as
 //! inside a network.
 
-use kfuse_cpu::conv::{conv2d, routine, Epilogue, View};
 use kfuse_ir::{Conv2dAttrs, DType, Layout, Storage};
+use kfuse_routines::conv::{conv2d, routine, Epilogue, View};
 use std::time::Instant;
 
 #[path = "common/values.rs"]
@@ -72,7 +72,7 @@ fn main() {
         };
         // Registered as constant, as the runner registers a program's weights: the direct
         // kernels keep their packed copy from call to call.
-        let _constant = kfuse_cpu::constants::register([&w]);
+        let _constant = kfuse_routines::constants::register([&w]);
         let (xd, wd, yd) = ([n, c, hw, hw], [co, c, k, k], [n, co, o, o]);
         let mut y = Storage::F32(vec![0.0; n * co * o * o]);
         let epi_kind: usize = std::env::var("EPI")
@@ -88,7 +88,7 @@ fn main() {
         let epilogue = Epilogue {
             bias: (epi_kind > 0).then_some(&bias),
             residual: (epi_kind > 1).then_some(&residual),
-            activation: (epi_kind > 0).then_some(kfuse_cpu::dense::Activation::Relu),
+            activation: (epi_kind > 0).then_some(kfuse_routines::dense::Activation::Relu),
             ..Epilogue::default()
         };
         let mut times: Vec<f64> = (0..21)

@@ -1025,7 +1025,7 @@ mod tests {
             none,
             Post {
                 bias: Some(bias),
-                act: Some(Activation::Clamp(kfuse_kernel::Bounds::new(0.0, 6.0))),
+                act: Some(Activation::Clamp(kfuse_ir::Bounds::new(0.0, 6.0))),
                 ..none
             },
             Post {
