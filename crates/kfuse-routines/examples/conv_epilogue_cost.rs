@@ -6,7 +6,7 @@
 
 use kfuse_ir::{Conv2dAttrs, Layout, Storage};
 use kfuse_routines::conv::{conv2d, Epilogue, View};
-use kfuse_routines::dense::Activation;
+use kfuse_routines::epilogue::Activation;
 use std::time::Instant;
 
 #[path = "common/values.rs"]

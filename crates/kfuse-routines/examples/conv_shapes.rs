@@ -88,7 +88,7 @@ fn main() {
         let epilogue = Epilogue {
             bias: (epi_kind > 0).then_some(&bias),
             residual: (epi_kind > 1).then_some(&residual),
-            activation: (epi_kind > 0).then_some(kfuse_routines::dense::Activation::Relu),
+            activation: (epi_kind > 0).then_some(kfuse_routines::epilogue::Activation::Relu),
             ..Epilogue::default()
         };
         let mut times: Vec<f64> = (0..21)

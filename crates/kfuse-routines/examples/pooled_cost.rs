@@ -12,7 +12,7 @@
 
 use kfuse_ir::{Conv2dAttrs, Layout, Pool2dAttrs, PoolKind, Storage};
 use kfuse_routines::conv::{conv2d, conv2d_pooled, Epilogue, View};
-use kfuse_routines::dense::Activation;
+use kfuse_routines::epilogue::Activation;
 use std::time::Instant;
 
 #[path = "common/values.rs"]

@@ -17,13 +17,13 @@
 
 use kfuse_ir::{Conv2dAttrs, DType, Layout, Storage};
 
-use crate::dense::{
-    epilogue, epilogue_operand, gemm_into, widen_half, widen_half_into, with_scratch, Activation,
-    Init, Out, Real, RowBias, Tail, Widened,
-};
-pub use crate::dense::{Epilogue, View};
+pub use crate::dense::View;
+use crate::dense::{widen_half, widen_half_into, with_scratch, Out, Real};
+pub use crate::epilogue::Epilogue;
+use crate::epilogue::{epilogue, epilogue_operand, Activation, RowBias, Tail, Widened};
+use crate::gemm::{gemm_into, Init};
 
-use crate::sgemm::{self, Strided};
+use crate::gemm::avx512::{self as sgemm, Strided};
 use crate::Pool;
 
 mod depthwise;
@@ -187,7 +187,7 @@ pub fn conv2d(
 /// [`conv2d`] of f16 or bf16 operands, as the IR computes it: the operands widened to f32, the
 /// product in f32 (in the f32 routine's summation order), each step's result then rounded to
 /// the half dtype (the product, the bias, the residual, the activation and a compound
-/// activation's inner steps, see [`crate::dense::epilogue_rounded`]), and the rounded values
+/// activation's inner steps, see [`crate::epilogue::epilogue_rounded`]), and the rounded values
 /// written in the half dtype, exactly.
 fn conv2d_half(
     x: View,
@@ -280,7 +280,7 @@ fn conv2d_half(
                 residual: residual.map(|r| &r[i * run..][..run]),
                 activation: wide.activation,
             };
-            crate::dense::epilogue_rounded(values, tail, bf16);
+            crate::epilogue::epilogue_rounded(values, tail, bf16);
         }
         // SAFETY: as above.
         unsafe {
@@ -1335,7 +1335,7 @@ mod reference {
         (channels, plane): (usize, usize),
         what: &str,
     ) {
-        use crate::dense::Activation;
+        use crate::epilogue::Activation;
         assert_eq!(got.len(), want.len(), "{what}");
         for (i, (&y, &(sum, size))) in got.iter().zip(want).enumerate() {
             let channel = i / plane % channels;

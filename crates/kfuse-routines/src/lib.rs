@@ -10,12 +10,13 @@
 pub mod constants;
 pub mod conv;
 pub mod dense;
+pub mod epilogue;
 pub mod fpmode;
+mod gemm;
 pub mod matmul;
 mod pool;
 pub mod pooling;
 mod prefetch;
-mod sgemm;
 mod simd;
 
 pub use pool::Pool;

@@ -6,10 +6,12 @@
 
 use kfuse_ir::{bf16, f16, DType, Shape, Storage};
 
-use crate::dense::{
-    epilogue as apply_epilogue, epilogue_operand, epilogue_rounded, gemm_finished, gemm_into,
-    widen_half, with_scratch, Activation, Epilogue, Init, Out, Real, RowBias, Tail, View, Widened,
+use crate::dense::{widen_half, with_scratch, Out, Real, View};
+use crate::epilogue::{
+    epilogue as apply_epilogue, epilogue_operand, epilogue_rounded, Activation, Epilogue, RowBias,
+    Tail, Widened,
 };
+use crate::gemm::{gemm_finished, gemm_into, Init};
 use crate::Pool;
 
 /// Bytes of a block of output columns (all rows) that a task computes: about one core's L2, so

@@ -2,7 +2,8 @@
 //! instead of reading out of bounds or misreading another dtype.
 
 use kfuse_ir::{Conv2dAttrs, Layout, Storage};
-use kfuse_routines::dense::{Activation, Epilogue, View};
+use kfuse_routines::dense::View;
+use kfuse_routines::epilogue::{Activation, Epilogue};
 
 /// A fast routine run with the given epilogue.
 type Routine = fn(&Epilogue) -> Result<(), String>;

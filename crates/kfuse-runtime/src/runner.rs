@@ -737,7 +737,7 @@ fn fast_half_conv<'a>(
         attrs,
         ty.shape.dims(),
         &mut out,
-        &kfuse_routines::dense::Epilogue::default(),
+        &kfuse_routines::epilogue::Epilogue::default(),
     );
     Some(done.map(|()| Array::new(ty.shape.clone(), out).expect("the output fills its shape")))
 }
@@ -809,7 +809,7 @@ fn fast_structured<'a>(
     let scale_at = n_inputs - 1 - usize::from(call.residual);
     let scale = call.scale.then(|| operand(scale_at).storage);
     let bias_at = scale_at - usize::from(call.scale);
-    let epilogue = kfuse_routines::dense::Epilogue {
+    let epilogue = kfuse_routines::epilogue::Epilogue {
         bias: call.bias.then(|| operand(bias_at).storage),
         scale,
         residual,
@@ -828,7 +828,7 @@ fn fast_structured<'a>(
             };
             let expand = d.expand.as_ref().map(|e| {
                 let w = take(true).expect("expand weights");
-                let epilogue = kfuse_routines::dense::Epilogue {
+                let epilogue = kfuse_routines::epilogue::Epilogue {
                     bias: take(e.bias).map(|b| b.storage),
                     scale: None,
                     residual: None,
@@ -837,7 +837,7 @@ fn fast_structured<'a>(
                 (e, w, epilogue)
             });
             let wd = take(true).expect("depthwise weights");
-            let middle = kfuse_routines::dense::Epilogue {
+            let middle = kfuse_routines::epilogue::Epilogue {
                 bias: take(d.bias).map(|b| b.storage),
                 scale: None,
                 residual: None,
@@ -857,7 +857,7 @@ fn fast_structured<'a>(
                      w: kfuse_routines::dense::View,
                      attrs: &kfuse_ir::Conv2dAttrs,
                      dims: &[usize],
-                     epilogue: &kfuse_routines::dense::Epilogue| {
+                     epilogue: &kfuse_routines::epilogue::Epilogue| {
                         let mut y = Storage::zeros(dtype, dims.iter().product());
                         kfuse_routines::conv::conv2d(x, w, attrs, dims, &mut y, epilogue)
                             .map(|()| y)

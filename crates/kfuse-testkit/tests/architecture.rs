@@ -160,3 +160,149 @@ fn memory_fusion_keeps_its_unsafe_code_in_one_module() {
         }
     }
 }
+
+/// The top-level modules of crate `name` (`src/m.rs` with what lies under `src/m/`) and, for
+/// each, the other top-level modules its code names through `crate::` (names that `lib.rs`
+/// re-exports count as their module's). Comments are not code.
+fn module_graph(name: &str) -> BTreeMap<String, std::collections::BTreeSet<String>> {
+    let src = crates_dir().join(name).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let module_of = |file: &Path| {
+        let rel = file.strip_prefix(&src).unwrap();
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
+        first.trim_end_matches(".rs").to_string()
+    };
+    let modules: std::collections::BTreeSet<String> = files
+        .iter()
+        .map(|f| module_of(f))
+        .filter(|m| m != "lib")
+        .collect();
+    let code = |file: &Path| -> String {
+        std::fs::read_to_string(file)
+            .unwrap()
+            .lines()
+            .map(|l| l.split("//").next().unwrap())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    // `pub use module::{A, B};` and `pub use module::A;` in lib.rs.
+    let mut reexported: BTreeMap<String, String> = BTreeMap::new();
+    let lib = code(&src.join("lib.rs"));
+    for item in lib.split(';') {
+        let Some(path) = item.trim().strip_prefix("pub use ") else {
+            continue;
+        };
+        let Some((module, rest)) = path.split_once("::") else {
+            continue;
+        };
+        if modules.contains(module) {
+            for name in rest.trim_matches(|c| c == '{' || c == '}').split(',') {
+                let name = name.trim().rsplit("::").next().unwrap().trim();
+                reexported.insert(name.to_string(), module.to_string());
+            }
+        }
+    }
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut graph: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let from = module_of(file);
+        if from == "lib" {
+            continue;
+        }
+        let text = code(file);
+        let mut named = Vec::new();
+        for (at, _) in text.match_indices("crate::") {
+            let rest = &text[at + "crate::".len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                let group = &group[..group.find('}').unwrap_or(group.len())];
+                named.extend(group.split(',').map(|p| ident(p.trim())));
+            } else {
+                named.push(ident(rest));
+            }
+        }
+        let edges = graph.entry(from.clone()).or_default();
+        for name in named {
+            let to = if modules.contains(&name) {
+                name
+            } else if let Some(module) = reexported.get(&name) {
+                module.clone()
+            } else {
+                continue;
+            };
+            if to != from {
+                edges.insert(to);
+            }
+        }
+    }
+    graph
+}
+
+/// A cycle in `graph`, if it has one, as the modules along it.
+fn find_cycle(graph: &BTreeMap<String, std::collections::BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, std::collections::BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut std::collections::BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(start) = path.iter().position(|p| p == node) {
+            let mut cycle = path[start..].to_vec();
+            cycle.push(node.to_string());
+            return Some(cycle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+/// Modules inside the backend and the routines depend on each other one way, as the crates do:
+/// a module can be read, tested and replaced from the bottom up.
+#[test]
+fn modules_have_no_import_cycle() {
+    for name in ["kfuse-routines", "kfuse-cpu"] {
+        let graph = module_graph(name);
+        assert!(graph.len() >= 3, "{name}: modules found: {graph:?}");
+        if let Some(cycle) = find_cycle(&graph) {
+            panic!("{name}: modules import each other: {}", cycle.join(" -> "));
+        }
+    }
+}
+
+/// The cycle check finds a cycle where there is one.
+#[test]
+fn a_cycle_between_modules_is_found() {
+    let mut graph: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    graph.entry("a".into()).or_default().insert("b".into());
+    graph.entry("b".into()).or_default().insert("c".into());
+    graph.entry("c".into()).or_default();
+    assert_eq!(find_cycle(&graph), None);
+    graph.get_mut("c").unwrap().insert("a".into());
+    assert_eq!(
+        find_cycle(&graph),
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
+    );
+}

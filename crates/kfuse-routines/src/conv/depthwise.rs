@@ -19,7 +19,8 @@
 //! the CPU has them, for AVX-512 with FMA, chosen at run time.
 
 use super::{Geometry, Post};
-use crate::dense::{epilogue, has_avx512, Out, Real};
+use crate::dense::{has_avx512, Out, Real};
+use crate::epilogue::epilogue;
 
 /// Depthwise output rows `rows` of image `n`: for NCHW, channel `ch`'s rows go to the
 /// `rows.len() * ow` elements at `dst + ch * channel_stride`; for NHWC, all of them go to `dst`,
@@ -319,7 +320,7 @@ mod in_place {
 
     use super::super::shifted::prefetch;
     use super::{Geometry, Post};
-    use crate::dense::{epilogue, RowBias, Tail};
+    use crate::epilogue::{epilogue, RowBias, Tail};
     use crate::simd::InRegisters;
 
     /// Output rows summed together: their sums are independent FMA chains, and each input
@@ -816,7 +817,7 @@ mod nhwc_avx512 {
     use std::arch::x86_64::*;
 
     use super::{Geometry, Post};
-    use crate::dense::{epilogue, RowBias, Tail};
+    use crate::epilogue::{epilogue, RowBias, Tail};
     use crate::simd::InRegisters;
 
     /// Output pixels summed together.
@@ -1014,7 +1015,7 @@ mod nhwc_avx512 {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
-    use crate::dense::Activation;
+    use crate::epilogue::Activation;
     use kfuse_ir::{Conv2dAttrs, Layout};
 
     /// The epilogues the kernels are compared under: none, the bias with ReLU or ReLU6 (in

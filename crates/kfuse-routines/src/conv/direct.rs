@@ -40,7 +40,8 @@ use kfuse_ir::Layout;
 use super::shifted::Grid;
 use super::{for_each_band_fitted, Geometry, Post};
 use crate::constants;
-use crate::dense::{epilogue, epilogue_into, has_avx512, with_scratch, with_shared_scratch, Out};
+use crate::dense::{has_avx512, with_scratch, with_shared_scratch, Out};
+use crate::epilogue::{epilogue, epilogue_into};
 use crate::prefetch::{ask_line, weights_ahead};
 use crate::simd::InRegisters;
 use std::sync::Arc;
@@ -2730,7 +2731,7 @@ fn pointwise_bands(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dense::Activation;
+    use crate::epilogue::Activation;
     use kfuse_ir::{Conv2dAttrs, Layout};
 
     /// Strided convolutions on the phase planes: each output within rounding of its sum, then

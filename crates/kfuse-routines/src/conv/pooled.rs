@@ -18,7 +18,8 @@ use kfuse_ir::{Conv2dAttrs, DType, Layout, Pool2dAttrs, PoolKind, Storage};
 
 use super::direct;
 use super::{output, Geometry, Post, Route};
-use crate::dense::{epilogue, Epilogue, Out, Real, View};
+use crate::dense::{Out, Real, View};
+use crate::epilogue::{epilogue, Epilogue};
 
 /// `pool(conv(x, w) with epilogue)` into `out` (`out_dims`), the convolution's result having
 /// `conv_dims`: in one pass where [`pools_in_one_pass`], else as the two ops. f32 and f64; the

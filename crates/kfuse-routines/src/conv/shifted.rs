@@ -23,7 +23,9 @@
 use kfuse_ir::Layout;
 
 use super::{for_each_band, Geometry, Post};
-use crate::dense::{epilogue_into, gemm_into, with_scratch, Init, Out, Real};
+use crate::dense::{with_scratch, Out, Real};
+use crate::epilogue::epilogue_into;
+use crate::gemm::{gemm_into, Init};
 
 /// Input channels per group below which im2col's one deep GEMM beats `kh × kw` thin ones.
 const MIN_CHANNELS: usize = 16;

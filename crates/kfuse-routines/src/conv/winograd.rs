@@ -42,7 +42,8 @@ use kfuse_ir::Layout;
 use super::direct::{self, Dst, Residual, OB};
 use super::{for_each_band_fitted, Geometry, Post};
 use crate::constants;
-use crate::dense::{epilogue, has_avx512, with_scratch, with_shared_scratch, Out};
+use crate::dense::{has_avx512, with_scratch, with_shared_scratch, Out};
+use crate::epilogue::epilogue;
 use crate::prefetch::{ask_line, weights_ahead};
 use crate::simd::InRegisters;
 
@@ -1137,7 +1138,7 @@ unsafe fn output_transform(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dense::Activation;
+    use crate::epilogue::Activation;
     use kfuse_ir::Conv2dAttrs;
 
     /// A convolution of these sizes: `(n, c_in, c_out, h, w, [top, bottom, left, right])`.

@@ -30,7 +30,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
 
-use crate::dense::{epilogue, Activation, RowBias, Tail};
+use crate::epilogue::{epilogue, Activation, RowBias, Tail};
 use crate::prefetch::ask_line;
 use crate::simd::InRegisters;
 
