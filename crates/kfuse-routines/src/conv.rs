@@ -1,9 +1,9 @@
-//! Convolutions for fast numerics, by the first path that applies:
-//! - a direct depthwise kernel (`conv/depthwise.rs`);
-//! - 1×1 convolutions as plain GEMMs on the activations in place;
-//! - f32 NCHW stride-1 convolutions on an AVX-512 implicit-GEMM microkernel (`conv/direct.rs`);
-//! - other stride-1 convolutions as one `gemm` call per tap (`conv/shifted.rs`);
-//! - everything else as im2col tiles fed to a GEMM (`dense::gemm_into`).
+//! Convolutions for fast numerics, on the routine the route table (`conv/route.rs`) picks as a
+//! pure function of shape, dtype and machine: the direct depthwise kernel (`conv/depthwise.rs`),
+//! 1×1 convolutions on the direct microkernel or as GEMMs on the activations in place,
+//! Winograd F(2×2, 3×3) (`conv/winograd.rs`), the direct implicit-GEMM microkernel for f32
+//! NCHW on AVX-512 (`conv/direct.rs`), one GEMM per tap for other stride-1 convolutions
+//! (`conv/shifted.rs`), and im2col tiles fed to a GEMM for everything else.
 //!
 //! The fused depthwise-separable block produces its depthwise output tile by tile into a buffer
 //! that stays in cache, and the pointwise product consumes it there; it is never written whole
@@ -29,10 +29,12 @@ use crate::Pool;
 mod depthwise;
 mod direct;
 mod pooled;
+mod route;
 mod shifted;
 mod winograd;
 
 pub use pooled::{conv2d_pooled, pooled_routine, pools_in_one_pass};
+pub use route::{Decision, Direct, Isa, Plan, Pointwise, Route};
 
 /// Bytes of the per-task tile (im2col columns or depthwise output) aimed for: the size of one
 /// core's L2 on the machine kfuse is measured on (1 MiB measured faster than 256 KiB for W6b
@@ -457,11 +459,16 @@ fn conv2d_typed<T: Real>(
     Ok(())
 }
 
-/// The convolution `g` of `xs` by `ws` into `y`, with `post`, on the routine [`Route::of`]
-/// picks.
+/// The convolution `g` of `xs` by `ws` into `y`, with `post`, on the routine the route table
+/// picks ([`route::decide`]).
 fn convolve<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Post<T>) {
     let g = *g;
-    match Route::of(&g, T::f32s(xs).is_some()) {
+    let dtype = if T::f32s(xs).is_some() {
+        DType::F32
+    } else {
+        DType::F64
+    };
+    match route::decide(&g, dtype, Isa::host()).route {
         Route::Depthwise => depthwise(&g, xs, ws, y, post),
         Route::Shifted => shifted::conv(&g, xs, ws, y, post),
         Route::Im2col => im2col_gemm(&g, xs, ws, y, post),
@@ -472,87 +479,10 @@ fn convolve<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Post<T
                 unreachable!("an f32 route for {}", std::any::type_name::<T>())
             };
             match f32_route {
-                Route::Pointwise => direct::pointwise(&g, xs, ws, y, post),
-                Route::Winograd => winograd::conv(&g, xs, ws, y, post),
+                Route::Pointwise(_) => direct::pointwise(&g, xs, ws, y, post),
+                Route::Winograd(_) => winograd::conv(&g, xs, ws, y, post),
                 _ => direct::conv(&g, xs, ws, y, post),
             }
-        }
-    }
-}
-
-/// The routine a convolution runs on, picked in this order.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Route {
-    Depthwise,
-    /// A 1×1 convolution on the direct microkernel ([`small_pointwise`], [`wide_pointwise`]).
-    Pointwise,
-    Winograd,
-    Direct,
-    Shifted,
-    Im2col,
-}
-
-impl Route {
-    /// The route of `g`, whose operands are f32 (or f16/bf16, widened) where `f32`.
-    fn of(g: &Geometry, f32: bool) -> Route {
-        if g.groups == g.x[1] && g.y[1] == g.x[1] {
-            Route::Depthwise
-        } else if f32 && (small_pointwise(g) || wide_pointwise(g)) {
-            Route::Pointwise
-        } else if f32 && winograd::applies(g) {
-            Route::Winograd
-        } else if f32 && direct::applies(g) && direct::leads(g) {
-            Route::Direct
-        } else if shifted::applies(g) {
-            Route::Shifted
-        } else {
-            Route::Im2col
-        }
-    }
-
-    fn describe(self, g: &Geometry) -> String {
-        match self {
-            Route::Depthwise => "the direct depthwise kernel".into(),
-            Route::Pointwise if small_pointwise(g) => {
-                "the direct 8×48 microkernel as a 1×1 convolution, each small image in two phases over the threads".into()
-            }
-            Route::Pointwise => format!(
-                "the direct 8×48 microkernel as a 1×1 convolution, on a copy of every {}×{} pixel of each band's input rows",
-                g.stride[0], g.stride[1]
-            ),
-            Route::Winograd => {
-                let tiles = match winograd::plan(g) {
-                    winograd::Plan::AllAtOnce => ", every image's tiles side by side at once",
-                    winograd::Plan::Tasks => ", in tasks of 48 tiles across the images",
-                    winograd::Plan::Bands => "",
-                };
-                format!("Winograd F(2×2, 3×3){tiles}: input and output transforms around 16 GEMMs on the direct 8×48 microkernel (16 multiplications per 2×2 outputs where direct takes 36)")
-            }
-            Route::Direct if direct::narrow_pointwise(g) => {
-                "the direct 8×48 microkernel as a 1×1 convolution on each band's input rows, a band's last few positions on the tail kernel".into()
-            }
-            Route::Direct if direct::broadcasts_positions(g) => format!(
-                "a direct 7×32 microkernel broadcasting output positions (read at column stride {} from a padded copy of each band's rows) against vectors of output channels, its results scattered to the output",
-                g.stride[1]
-            ),
-            Route::Direct if direct::on_tap_planes(g) => format!(
-                "the direct 8×48 microkernel over tap planes of each band's input (one per row phase and tap column, as wide as the output rows; stride {}×{})",
-                g.stride[0], g.stride[1]
-            ),
-            Route::Direct if g.stride != [1, 1] => format!(
-                "the direct 8×48 microkernel over {}×{} phase planes of each band's input (every tap a fixed offset)",
-                g.stride[0], g.stride[1]
-            ),
-            Route::Direct if g.y[3] == g.x[3] => {
-                "the direct 8×48 microkernel, its taps reading the band's input rows through lane masks".into()
-            }
-            Route::Direct => {
-                "the direct 8×48 microkernel over a zero-bordered copy of each band's input".into()
-            }
-            Route::Shifted => {
-                "one GEMM per tap over a zero-bordered copy of each band's input".into()
-            }
-            Route::Im2col => "im2col columns per band of output rows, one GEMM per group".into(),
         }
     }
 }
@@ -561,13 +491,25 @@ impl Route {
 /// `w` as `[out, in / groups, kh, kw]`), for `kfuse explain`. f16 and bf16 name their f32
 /// routine.
 pub fn routine(x: &[usize], w: &[usize], attrs: &Conv2dAttrs, y: &[usize], dtype: DType) -> String {
+    routine_on(x, w, attrs, y, dtype, Isa::host())
+}
+
+/// [`routine`] on the machine `isa` describes.
+pub fn routine_on(
+    x: &[usize],
+    w: &[usize],
+    attrs: &Conv2dAttrs,
+    y: &[usize],
+    dtype: DType,
+    isa: Isa,
+) -> String {
     let g = Geometry::new(x, w, attrs, y);
     let f32 = matches!(dtype, DType::F32 | DType::F16 | DType::BF16);
-    let route = Route::of(&g, f32);
+    let route = route::decide(&g, dtype, isa).route;
     let mut what = route.describe(&g);
     // The GEMM routes name their GEMM, and where the epilogue runs.
     if matches!(route, Route::Shifted | Route::Im2col) {
-        what += match (f32 && crate::dense::has_avx512(), g.layout, route) {
+        what += match (f32 && isa.avx512, g.layout, route) {
             (true, Layout::Nchw, Route::Im2col) => {
                 " on kfuse's f32 GEMM, a bias, residual and ReLU applied in its registers"
             }
@@ -582,82 +524,18 @@ pub fn routine(x: &[usize], w: &[usize], attrs: &Conv2dAttrs, y: &[usize], dtype
     }
 }
 
-/// Whether `g` is a 1×1 convolution of small images, fewer than the threads (f32 NCHW on
-/// AVX-512): the `gemm` path cuts each image into bands of a row or two to keep the threads
-/// busy, and its GEMMs are then too small, where the direct microkernel runs each image as one
-/// band in two phases over the threads. Batch 1 on two threads, in µs, `gemm` against direct:
-///
-/// | channels | 7×7 | 10×10 | 14×14 | 28×28 |
-/// |---|---|---|---|---|
-/// | 960 → 160 | 178 / 75 | 140 / 111 | 190 / 176 | |
-/// | 576 → 96 | 69 / 38 | 54 / 50 | 72 / 73 | |
-/// | 192 → 32 | | | 12 / 13 | 26 / 34 |
-///
-/// At batch 8 (7×7, 960 → 160) `gemm` is ahead, 366 against 442.
-fn small_pointwise(g: &Geometry) -> bool {
-    g.is_pointwise()
-        && g.groups == 1
-        && g.layout == Layout::Nchw
-        && g.y[2] * g.y[3] <= SMALL_IMAGE
-        && g.y[0] < Pool::global().threads()
-        && crate::dense::has_avx512()
+/// The route table's decision for these operands on `isa`: the route taken and why each one
+/// before it declined (see `conv::route`).
+pub fn decide(
+    x: &[usize],
+    w: &[usize],
+    attrs: &Conv2dAttrs,
+    y: &[usize],
+    dtype: DType,
+    isa: Isa,
+) -> Decision {
+    route::decide(&Geometry::new(x, w, attrs, y), dtype, isa)
 }
-
-/// Whether `g` is a strided 1×1 convolution of at least 64 channels in and out onto an output
-/// of at least 14×14 (f32 NCHW on AVX-512), which the direct microkernel runs on a copy of
-/// every stride-th pixel of each band's input rows, where im2col took the same pixels as its
-/// columns. `conv::conv2d` alone, ms, `gemm` against direct: 8×64×56×56 → 128 at stride 2
-/// (ResNet-18) 0.30–0.32 against 0.36–0.37, 8×128×28×28 → 256 0.28 against 0.35 (the AMD host
-/// of earlier sessions). On the Intel reference host, paired in-process runs with a bias and
-/// ReLU, `gemm` over direct: 8×256×56×56 → 512 0.93, 8×512×28×28 → 1024 1.08, 8×1024×14×14 →
-/// 2048 1.03 (this last one takes tap planes, `direct::on_tap_planes`).
-///
-/// Stride-1 1×1 convolutions run on a GEMM per band (`dense::gemm_into`; for f32 on AVX-512
-/// kfuse's own `sgemm` since, 1–7% faster than the `gemm` crate on ResNet-50's shapes without
-/// an epilogue). The direct microkernel led the `gemm` crate by 3–9% on the AMD host, reading
-/// each band's input rows in place; on the Intel reference host `gemm` leads wherever the
-/// input has 96 or more channels, and mostly elsewhere.
-/// `conv::conv2d` alone (`examples/conv_shapes.rs`), the two routes alternating in one
-/// process, 31–41 rounds, median of the paired ratio `gemm` / direct, without an epilogue /
-/// with bias and ReLU / with bias, residual and ReLU:
-///
-/// | shape | read in place | on a copy of each band's rows |
-/// |---|---|---|
-/// | 8×256×56×56 → 64 | 0.77 / 0.80–0.92 / 0.81 | 0.71 / 0.67 / 0.77 |
-/// | 8×256×56×56 → 128 | 0.76 / 0.78–0.80 / 0.81 | 0.77 / 0.78 / 0.78 |
-/// | 8×512×28×28 → 128 | 0.79 / 0.81–0.85 / 0.83 | 0.80 / 0.86 / 0.88 |
-/// | 8×1024×14×14 → 256 | 0.82 / 0.88–0.97 / 0.83 | 0.87 / 0.88 / 0.90 |
-/// | 8×128×28×28 → 512 | 0.96 / 0.88–0.91 / 0.99 | 0.92 / 0.92 / 0.91 |
-/// | 8×256×14×14 → 1024 | 0.82 / 0.89–0.91 / 0.85 | 0.90 / 0.95 / 0.93 |
-/// | 8×128×56×56 → 128 | 0.78 / 0.77–0.79 / 0.84 | 0.79 / 0.81 / 0.87 |
-/// | 8×96×56×56 → 96 | 0.85 / 0.87 / 0.84 | |
-/// | 8×64×56×56 → 64 | 0.76–0.86 / 0.86–0.93 / 0.77–0.83 | 0.76 / 0.74 / 0.76 |
-/// | 8×64×56×56 → 256 | 0.93–0.94 / 0.99–1.05 / 0.91–0.93 | 0.92 / 1.02 / 0.91 |
-/// | 8×64×112×112 → 128 | 0.80 / 0.99–1.07 / 0.82 | 0.95 / 1.07 / 0.92 |
-///
-/// The microkernel's column of 48 positions over 256 input channels (48 KB) no longer fits in
-/// L1 beside its weights, where `gemm` blocks the sum; with 64 channels the two tie, the
-/// direct kernel ahead only with an epilogue on a streamed output. (The separable block's
-/// projection stays on the microkernel: there its tile is in L2, and `gemm` on the tile
-/// measured 7–11% slower.)
-fn wide_pointwise(g: &Geometry) -> bool {
-    // The output is every stride-th pixel of the input: no padding.
-    g.kh == 1
-        && g.kw == 1
-        && g.stride != [1, 1]
-        && g.pad == [0, 0]
-        && g.y[2] == (g.x[2].max(1) - 1) / g.stride[0] + 1
-        && g.y[3] == (g.x[3].max(1) - 1) / g.stride[1] + 1
-        && g.groups == 1
-        && g.layout == Layout::Nchw
-        && g.x[1] >= 64
-        && g.y[1] >= 64
-        && g.y[2] * g.y[3] >= 14 * 14
-        && crate::dense::has_avx512()
-}
-
-/// The most pixels [`small_pointwise`] takes for a small image (10×10).
-const SMALL_IMAGE: usize = 100;
 
 /// The operands as f32, if `T` is f32.
 fn f32_operands<'a, T: Real>(
@@ -1373,11 +1251,29 @@ mod reference {
 
 #[cfg(test)]
 mod routes {
+    use super::route::{self, Isa, Plan};
     use super::{routine, Geometry, Route};
     use kfuse_ir::{Conv2dAttrs, DType, Layout};
 
-    fn route(n: usize, c: usize, co: usize, hw: usize, k: usize, s: usize) -> Route {
-        Route::of(&geometry(n, c, co, hw, k, s), true)
+    /// The kind of routine, whatever its layout or plan.
+    #[derive(Debug, PartialEq)]
+    enum Kind {
+        Pointwise,
+        Winograd,
+        Direct,
+        Im2col,
+        Other,
+    }
+
+    fn route(n: usize, c: usize, co: usize, hw: usize, k: usize, s: usize) -> Kind {
+        let g = geometry(n, c, co, hw, k, s);
+        match route::decide(&g, DType::F32, Isa::host()).route {
+            Route::Pointwise(_) => Kind::Pointwise,
+            Route::Winograd(_) => Kind::Winograd,
+            Route::Direct(_) => Kind::Direct,
+            Route::Im2col => Kind::Im2col,
+            _ => Kind::Other,
+        }
     }
 
     /// A square NCHW convolution, `k` wide with "same" padding, at stride `s`.
@@ -1395,7 +1291,7 @@ mod routes {
     }
 
     /// ResNet-18's convolutions take the routines measured fastest for them (see
-    /// `direct::leads`, `direct::TAP_PLANES_BELOW`, `winograd::applies`): strided ones onto
+    /// `route::TAP_PLANES_BELOW` and the Winograd conditions in `route`): strided ones onto
     /// 28×28 and larger outputs on the phase planes, onto 14×14 and 7×7 on tap planes; stride-1
     /// 3×3 ones on Winograd but for small images at a small batch.
     #[test]
@@ -1406,53 +1302,49 @@ mod routes {
             );
             return;
         }
-        assert_eq!(route(8, 3, 64, 224, 7, 2), Route::Direct);
-        assert_eq!(route(8, 64, 64, 56, 3, 1), Route::Winograd);
-        assert_eq!(route(8, 64, 128, 56, 3, 2), Route::Direct);
+        assert_eq!(route(8, 3, 64, 224, 7, 2), Kind::Direct);
+        assert_eq!(route(8, 64, 64, 56, 3, 1), Kind::Winograd);
+        assert_eq!(route(8, 64, 128, 56, 3, 2), Kind::Direct);
         // Onto 28-wide rows, with positions broadcast; onto narrower ones, tap planes.
-        assert!(super::direct::broadcasts_positions(&geometry(
-            8, 64, 128, 56, 3, 2
-        )));
-        assert!(!super::direct::broadcasts_positions(&geometry(
+        assert!(route::broadcasts_positions(&geometry(8, 64, 128, 56, 3, 2)));
+        assert!(!route::broadcasts_positions(&geometry(
             8, 128, 256, 28, 3, 2
         )));
-        assert!(!super::direct::broadcasts_positions(&geometry(
-            8, 3, 64, 224, 7, 2
-        )));
-        assert_eq!(route(8, 128, 256, 28, 3, 2), Route::Direct);
+        assert!(!route::broadcasts_positions(&geometry(8, 3, 64, 224, 7, 2)));
+        assert_eq!(route(8, 128, 256, 28, 3, 2), Kind::Direct);
         // 14×14 outputs go to Winograd at a batch of four images per thread or more.
         let batch_per_thread = 8 / crate::Pool::global().threads();
         let narrow = if batch_per_thread >= 4 {
-            Route::Winograd
+            Kind::Winograd
         } else {
-            Route::Direct
+            Kind::Direct
         };
         assert_eq!(route(8, 256, 256, 14, 3, 1), narrow);
-        assert_eq!(route(1, 256, 256, 14, 3, 1), Route::Direct);
-        assert_eq!(route(8, 256, 512, 14, 3, 2), Route::Direct);
-        assert_eq!(route(1, 256, 512, 14, 3, 2), Route::Direct);
+        assert_eq!(route(1, 256, 256, 14, 3, 1), Kind::Direct);
+        assert_eq!(route(8, 256, 512, 14, 3, 2), Kind::Direct);
+        assert_eq!(route(1, 256, 512, 14, 3, 2), Kind::Direct);
         // 7×7 outputs: Winograd with the images' tiles side by side from three images up
         // (48 tiles), the direct kernel below.
-        assert_eq!(route(8, 512, 512, 7, 3, 1), Route::Winograd);
-        assert_eq!(route(3, 512, 512, 7, 3, 1), Route::Winograd);
+        assert_eq!(route(8, 512, 512, 7, 3, 1), Kind::Winograd);
+        assert_eq!(route(3, 512, 512, 7, 3, 1), Kind::Winograd);
         // How Winograd lays out their tiles: 7×7 at batch 8 all at once, 14×14 in tasks of
         // tiles, 56×56 in bands; and `explain` says which.
-        use super::winograd::{plan, Plan};
+        let plan = route::winograd_plan;
         assert_eq!(plan(&geometry(8, 512, 512, 7, 3, 1)), Plan::AllAtOnce);
         assert_eq!(plan(&geometry(32, 512, 512, 7, 3, 1)), Plan::Tasks);
         assert_eq!(plan(&geometry(8, 256, 256, 14, 3, 1)), Plan::Tasks);
         assert_eq!(plan(&geometry(8, 64, 64, 56, 3, 1)), Plan::Bands);
-        let described = Route::Winograd.describe(&geometry(8, 512, 512, 7, 3, 1));
+        let described = Route::Winograd(Plan::AllAtOnce).describe(&geometry(8, 512, 512, 7, 3, 1));
         assert!(described.contains("side by side at once"), "{described}");
-        assert_eq!(route(2, 512, 512, 7, 3, 1), Route::Direct);
-        assert_eq!(route(1, 512, 512, 7, 3, 1), Route::Direct);
-        assert_eq!(route(8, 256, 512, 14, 1, 2), Route::Direct);
+        assert_eq!(route(2, 512, 512, 7, 3, 1), Kind::Direct);
+        assert_eq!(route(1, 512, 512, 7, 3, 1), Kind::Direct);
+        assert_eq!(route(8, 256, 512, 14, 1, 2), Kind::Direct);
         // Few channels: a strided 1×1 convolution stays on im2col.
-        assert_eq!(route(8, 32, 64, 14, 1, 2), Route::Im2col);
+        assert_eq!(route(8, 32, 64, 14, 1, 2), Kind::Im2col);
     }
 
     /// 1×1 convolutions run on the direct microkernel where it was measured faster than the
-    /// `gemm` crate (see `small_pointwise`, `wide_pointwise`, `direct::narrow_pointwise`), and
+    /// `gemm` crate (see `Pointwise` and `Direct::NarrowPointwise` in `route`), and
     /// on `gemm` elsewhere: stride-1 ones onto images of 14×14 and more among them.
     #[test]
     fn pointwise_convolutions_take_their_routines() {
@@ -1460,20 +1352,20 @@ mod routes {
             eprintln!("skipped: the direct microkernel needs AVX-512, which this CPU lacks");
             return;
         }
-        assert_eq!(route(8, 64, 128, 112, 1, 1), Route::Im2col);
-        assert_eq!(route(8, 256, 64, 56, 1, 1), Route::Im2col);
-        assert_eq!(route(8, 1024, 256, 14, 1, 1), Route::Im2col);
-        assert_eq!(route(8, 512, 2048, 7, 1, 1), Route::Direct);
-        assert_eq!(route(8, 2048, 512, 7, 1, 1), Route::Direct);
-        assert_eq!(route(1, 2048, 512, 7, 1, 1), Route::Pointwise);
-        assert_eq!(route(8, 960, 160, 7, 1, 1), Route::Im2col);
-        assert_eq!(route(8, 144, 24, 56, 1, 1), Route::Im2col);
-        assert_eq!(route(8, 24, 144, 56, 1, 1), Route::Im2col);
+        assert_eq!(route(8, 64, 128, 112, 1, 1), Kind::Im2col);
+        assert_eq!(route(8, 256, 64, 56, 1, 1), Kind::Im2col);
+        assert_eq!(route(8, 1024, 256, 14, 1, 1), Kind::Im2col);
+        assert_eq!(route(8, 512, 2048, 7, 1, 1), Kind::Direct);
+        assert_eq!(route(8, 2048, 512, 7, 1, 1), Kind::Direct);
+        assert_eq!(route(1, 2048, 512, 7, 1, 1), Kind::Pointwise);
+        assert_eq!(route(8, 960, 160, 7, 1, 1), Kind::Im2col);
+        assert_eq!(route(8, 144, 24, 56, 1, 1), Kind::Im2col);
+        assert_eq!(route(8, 24, 144, 56, 1, 1), Kind::Im2col);
         // Down-sampling shortcuts onto 14×14 and larger outputs; onto 7×7, the direct
         // kernel's tap planes.
-        assert_eq!(route(8, 64, 128, 56, 1, 2), Route::Pointwise);
-        assert_eq!(route(8, 512, 1024, 28, 1, 2), Route::Pointwise);
-        assert_eq!(route(8, 1024, 2048, 14, 1, 2), Route::Direct);
+        assert_eq!(route(8, 64, 128, 56, 1, 2), Kind::Pointwise);
+        assert_eq!(route(8, 512, 1024, 28, 1, 2), Kind::Pointwise);
+        assert_eq!(route(8, 1024, 2048, 14, 1, 2), Kind::Direct);
     }
 
     /// Pointwise bands start on a cache line of the plane and fill whole vectors, as many as

@@ -35,8 +35,7 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use kfuse_ir::Layout;
-
+use super::route::{self, Direct};
 use super::shifted::Grid;
 use super::{for_each_band_fitted, Geometry, Post};
 use crate::constants;
@@ -52,80 +51,21 @@ pub(super) const OB: usize = 8;
 const NV: usize = 3;
 /// Positions per microkernel block.
 pub(super) const QB: usize = 16 * NV;
+const _: () = assert!(
+    QB == route::MICROKERNEL_POSITIONS,
+    "the route table counts the microkernel's positions"
+);
 
-/// Whether `g` runs here: NCHW on a CPU with AVX-512, a kernel larger than 1×1 or a strided
-/// 1×1 convolution onto a narrow output (see [`on_tap_planes`]) of at least 64 channels in
-/// and out. A strided convolution runs on the band's phase planes (see [`Grid`]) or, onto
-/// outputs narrower than [`TAP_PLANES_BELOW`], on tap planes ([`TapPlanes`]). Strided 1×1
-/// convolutions onto wider outputs run on [`pointwise`] over a copy of the pixels they read
-/// (`conv::wide_pointwise`), or on im2col: on phase planes 8×64×56×56 → 128 at stride 2 took
-/// 0.46–0.47 ms, against 0.38–0.40 on im2col, whose columns are only the pixels it reads.
-pub(super) fn applies(g: &Geometry) -> bool {
-    let strided_pointwise = on_tap_planes(g) && g.x[1] >= 64 && g.y[1] >= 64;
-    g.layout == Layout::Nchw
-        && (g.kh * g.kw > 1 || strided_pointwise || narrow_pointwise(g))
-        && has_avx512()
-}
-
-/// Whether `g` is a 1×1 convolution at stride 1 onto an image of under 14×14 pixels (fewer
-/// than `conv::wide_pointwise` takes) with at least 256 channels in and out, which runs here
-/// as a one-tap [`conv_same_width`] (each image's last few positions on the tail kernel) rather
-/// than on the `gemm` crate. `conv::conv2d` alone, weights registered, ms, `gemm` against
-/// direct, two runs each: 8×512×7×7 → 2048 2.40–2.49 against 2.13–2.14; 8×2048×7×7 → 512
-/// 2.50–2.58 against 2.08–2.17 (ResNet-50's last stage); 32×512×7×7 → 2048 9.53–9.77 against
-/// 8.76–8.79; 2×512×7×7 → 2048 1.15–1.25 against 0.99–1.00. With fewer channels they ran
-/// alike (8×320×7×7 → 1280 0.93–1.03 against 0.98–0.99; 8×960×7×7 → 160 0.39–0.45 against
-/// 0.40), or `gemm` led (8×64×7×7 → 64, 12–15 against 15–16 µs).
-pub(super) fn narrow_pointwise(g: &Geometry) -> bool {
-    g.is_pointwise() && g.y[2] * g.y[3] < 14 * 14 && g.x[1] >= 256 && g.y[1] >= 256
-}
-
-/// Whether `g`, which [`applies`], is better here than on im2col: all but the strided
-/// convolutions onto outputs of fewer than two blocks of positions on phase planes, whose
-/// extra column and last block's empty lanes cost more than the columns' copy (a strided
-/// convolution onto such an output runs on tap planes, which lead).
-pub(super) fn leads(g: &Geometry) -> bool {
-    g.stride == [1, 1] || g.y[2] * g.y[3] >= 2 * QB || on_tap_planes(g)
-}
-
-/// Output rows narrower than this take a strided convolution onto tap planes rather than
-/// phase planes. Tap planes copy `kw / sw` times the input's pixels for every row phase the
-/// filter reads (1.5 times the input at 3×3, stride 2, where phase planes copy it once), but
-/// compute no padding column and store straight to the output, its last few positions on the
-/// tail kernel. `conv::conv2d` alone, weights
-/// registered as constants, two threads, ms, phase planes (or im2col, which `leads` chose for
-/// 7×7 outputs) against tap planes, two runs each:
-///
-/// | shape, 3×3 at stride 2 unless noted | before | tap planes |
-/// |---|---|---|
-/// | 8×128×56×56 → 128 (28 wide) | 5.08–5.12 | 5.36–5.37 |
-/// | 8×64×56×56 → 128 (28 wide) | 2.39–2.53 | 2.38–2.46 |
-/// | 8×256×28×28 → 256 (14 wide) | 5.29–5.57 | 4.82–4.93 |
-/// | 8×512×14×14 → 512 (7 wide, im2col) | 6.64–6.65 | 4.98 |
-/// | 8×256×14×14 → 512 (7 wide, im2col) | 3.31 | 2.41 |
-/// | 1×512×14×14 → 512 (7 wide, im2col) | 2.92–2.93 | 1.14–1.18 |
-/// | 8×128×28×28 → 256 at stride 4 (im2col) | 0.96 | 0.77 |
-/// | 8×1024×14×14 → 2048, 1×1 (im2col) | 4.77–4.95 | 4.05–4.13 |
-/// | 8×256×14×14 → 512, 1×1 (im2col) | 0.36–0.37 | 0.30 |
-///
-/// The stem (8×3×224×224 → 64, 7×7 at stride 2, 112 wide) ran alike on either, 4.8–4.9 ms.
-const TAP_PLANES_BELOW: usize = 28;
-
-/// Whether strided `g` runs on tap planes: see [`TAP_PLANES_BELOW`].
-pub(super) fn on_tap_planes(g: &Geometry) -> bool {
-    g.stride != [1, 1] && g.y[3] < TAP_PLANES_BELOW
-}
-
-/// The convolution of `g` into `y`, with the epilogue. Call only where [`applies`] holds.
+/// The convolution of `g` into `y`, with the epilogue, on the input layout the route table
+/// picks ([`route::direct_layout`]). Call only where the table routes `g` to the direct kernel.
 pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
-    if g.stride == [1, 1] && g.y[3] == g.x[3] {
-        return conv_same_width(g, xs, ws, y, post);
-    }
-    if broadcasts_positions(g) {
-        return broadcast_positions(g, xs, ws, y, post);
-    }
-    if on_tap_planes(g) {
-        return conv_copied(g, xs, ws, y, post, &Copied::TapPlanes(TapPlanes::new(g)));
+    match route::direct_layout(g) {
+        Direct::NarrowPointwise | Direct::SameWidth => return conv_same_width(g, xs, ws, y, post),
+        Direct::BroadcastPositions => return broadcast_positions(g, xs, ws, y, post),
+        Direct::TapPlanes => {
+            return conv_copied(g, xs, ws, y, post, &Copied::TapPlanes(TapPlanes::new(g)))
+        }
+        Direct::PhasePlanes | Direct::Bordered => {}
     }
     let [n_images, c_out, oh, ow] = g.y;
     let (in_registers, rest) = split(post, false);
@@ -178,25 +118,7 @@ const BP: usize = 7;
 /// Output rows per task of [`broadcast_positions`].
 const BP_ROWS: usize = 4;
 
-/// Whether strided `g` runs on [`broadcast_positions`] rather than on phase planes: a column
-/// stride of 2 without dilation, one group, output channels in whole blocks of 32, at least 16
-/// input channels (the stem's 3 leave each block's products too short beside its stores), and
-/// output rows too wide for tap planes (onto 14×14 and 7×7 outputs a block's weights would be
-/// read again for every seven positions: 8×512×14×14 → 512 took 6.4 ms against 4.4 on tap
-/// planes).
-pub(super) fn broadcasts_positions(g: &Geometry) -> bool {
-    g.stride[1] == 2
-        && g.y[2] * g.y[3] * 16 <= i32::MAX as usize
-        && g.dilation == [1, 1]
-        && g.groups == 1
-        && g.y[1].is_multiple_of(32)
-        && g.x[1] >= 16
-        && !on_tap_planes(g)
-        && g.layout == Layout::Nchw
-        && has_avx512()
-}
-
-/// A strided convolution ([`broadcasts_positions`]) with positions broadcast and output
+/// A strided convolution ([`route::broadcasts_positions`]) with positions broadcast and output
 /// channels in vectors: a block holds 7 output positions along a row × 32 output channels in
 /// 14 registers, and for each input channel and tap loads two vectors of 32 weights and
 /// broadcasts the 7 inputs its positions read (every second pixel of a row of a zero-padded
@@ -253,7 +175,7 @@ fn broadcast_positions(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post
                 rows: nrows,
                 width: pw,
             };
-            // SAFETY: `broadcasts_positions` checked AVX-512; the copy holds the band's rows
+            // SAFETY: the route table sends only AVX-512 machines here; the copy holds the band's rows
             // as `copy` says, the weights are packed as `positions_rows` reads them, and image
             // n's rows `band` of the output are this task's.
             unsafe {
@@ -386,13 +308,7 @@ unsafe fn positions_rows(
     _: Option<InRegisters>,
     _: *mut f32,
 ) {
-    unreachable!("`applies` is false without AVX-512")
-}
-
-/// Whether [`conv`] runs `g` on phase planes: strided, onto rows too wide for tap planes.
-pub(super) fn on_phase_planes(g: &Geometry) -> bool {
-    let same_width = g.stride == [1, 1] && g.y[3] == g.x[3];
-    !(same_width || on_tap_planes(g))
+    unreachable!("the route table takes this kernel only on AVX-512")
 }
 
 /// The width of `g`'s phase planes: output row `r` of a band's stage starts `r` times this
@@ -898,7 +814,7 @@ fn conv_copied(
                         };
                         let at = qb / QB * terms * NV;
                         let vectors = (valid - qb).div_ceil(16).min(NV);
-                        // SAFETY: `applies` checked AVX-512; the masks let through only lanes
+                        // SAFETY: the route table took this kernel only on AVX-512; the masks let through only lanes
                         // that read a pixel of the copy (see `masked_block` below).
                         unsafe {
                             gather_column(&taps, cg, vectors, &mut column[at..][..terms * NV])
@@ -934,7 +850,7 @@ fn conv_copied(
                             )
                         };
                         let w = &w[b * per_block..][..per_block];
-                        // SAFETY: `applies` checked AVX-512; `block` checks its reads of the
+                        // SAFETY: the route table took this kernel only on AVX-512; `block` checks its reads of the
                         // column and the weights (tap-major, as the column's terms), and its
                         // stores go to this task's rows, as `masked_block`'s below.
                         unsafe {
@@ -952,7 +868,7 @@ fn conv_copied(
                         offsets: &offsets,
                         masks: &masks[qb / QB * shifts.len()..][..shifts.len()],
                     };
-                    // SAFETY: `applies` checked AVX-512. Every lane a mask lets through reads
+                    // SAFETY: the route table took this kernel only on AVX-512. Every lane a mask lets through reads
                     // a pixel of this image's channels of the group (the masks test the row
                     // and column against the input's), so within `xs`; the stores go to rows
                     // r0.. of this group's output channels of image n, this task's alone.
@@ -2152,22 +2068,22 @@ unsafe fn tail_block<const P: usize, const S: usize>(
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn tail_block<const P: usize, const S: usize>(_: &[f32], _: &[f32], _: Dst, _: &Finish) {
-    unreachable!("`applies` is false without AVX-512")
+    unreachable!("the route table takes this kernel only on AVX-512")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn pointwise_column(_: &Column, _: *const f32, _: *mut f32, _: &mut Lines) {
-    unreachable!("`applies` is false without AVX-512")
+    unreachable!("the route table takes this kernel only on AVX-512")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn gather_column(_: &Taps, _: usize, _: usize, _: &mut [Line]) {
-    unreachable!("`applies` is false without AVX-512")
+    unreachable!("the route table takes this kernel only on AVX-512")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn masked_block<const V: usize>(_: &Taps, _: (&[f32], usize), _: usize, _: Dst, _: &Finish) {
-    unreachable!("`applies` is false without AVX-512")
+    unreachable!("the route table takes this kernel only on AVX-512")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -2181,7 +2097,7 @@ unsafe fn block<const V: usize>(
     _: Dst,
     _: &Finish,
 ) {
-    unreachable!("`applies` is false without AVX-512")
+    unreachable!("the route table takes this kernel only on AVX-512")
 }
 
 /// The depthwise-separable block for f32 NCHW on AVX-512: per band, the depthwise output goes
@@ -2775,12 +2691,12 @@ mod tests {
             (1, 20, 32, 31, 63, 3, 3, [2, 2], [1, 1], 1, [1, 0, 2, 1]),
         ];
         for case in cases.iter().filter(|_| has_avx512()) {
-            assert!(broadcasts_positions(&geometry_of(case)), "{case:?}");
+            assert!(route::broadcasts_positions(&geometry_of(case)), "{case:?}");
         }
         check_against_sums(&cases);
     }
 
-    /// Strided convolutions onto rows of at least [`TAP_PLANES_BELOW`] run on phase planes,
+    /// Strided convolutions onto rows of at least `route::TAP_PLANES_BELOW` run on phase planes,
     /// narrower ones on tap planes: both sides of that line, odd sizes, a 5×5 filter with
     /// uneven padding, dilation, stride 3 and unequal strides, groups, strided 1×1
     /// convolutions with and without padding, last blocks of a few positions (the tail
@@ -2812,7 +2728,7 @@ mod tests {
         ];
         let (mut phase, mut tap) = (0, 0);
         for case in &cases {
-            if on_tap_planes(&geometry_of(case)) {
+            if route::on_tap_planes(&geometry_of(case)) {
                 tap += 1;
             } else {
                 phase += 1;
@@ -2846,7 +2762,7 @@ mod tests {
         ]);
     }
 
-    /// 1×1 convolutions of 256+ channels onto small images ([`narrow_pointwise`]): a last
+    /// 1×1 convolutions of 256+ channels onto small images (`route::narrow_pointwise`): a last
     /// block of one position (7×7), of 35 (three vectors, masked), output channels short of a
     /// block, and batch 1 (tasks splitting the output channels).
     #[test]
@@ -2857,7 +2773,7 @@ mod tests {
             (1, 256, 300, 6, 9, 1, 1, [1, 1], [1, 1], 1, [0, 0, 0, 0]),
         ];
         for case in &cases {
-            assert!(narrow_pointwise(&geometry_of(case)), "{case:?}");
+            assert!(route::narrow_pointwise(&geometry_of(case)), "{case:?}");
         }
         check_against_sums(&cases);
     }
@@ -2942,7 +2858,11 @@ mod tests {
 
     fn check_against_sums(cases: &[Case]) {
         for case in cases {
-            assert!(applies(&geometry_of(case)), "{case:?}");
+            let isa = route::Isa::host();
+            assert!(
+                route::direct_takes(&geometry_of(case), true, isa).is_ok(),
+                "{case:?}"
+            );
         }
         check_run_against_sums(cases, conv);
     }

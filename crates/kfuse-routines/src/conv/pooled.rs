@@ -17,7 +17,8 @@
 use kfuse_ir::{Conv2dAttrs, DType, Layout, Pool2dAttrs, PoolKind, Storage};
 
 use super::direct;
-use super::{output, Geometry, Post, Route};
+use super::route::{self, Isa};
+use super::{output, Geometry, Post};
 use crate::dense::{Out, Real, View};
 use crate::epilogue::{epilogue, Epilogue};
 
@@ -119,8 +120,7 @@ pub fn pools_in_one_pass(
         && attrs.layout == Layout::Nchw
         && pool.layout == Layout::Nchw
         && g.y.iter().all(|&d| d > 0)
-        && Route::of(&g, true) == Route::Direct
-        && direct::on_phase_planes(&g)
+        && route::pools_from_stage(route::decide(&g, dtype, Isa::host()).route)
         && every_window_reads(
             pooled_rows,
             (

@@ -27,17 +27,6 @@ use crate::dense::{with_scratch, Out, Real};
 use crate::epilogue::epilogue_into;
 use crate::gemm::{gemm_into, Init};
 
-/// Input channels per group below which im2col's one deep GEMM beats `kh × kw` thin ones.
-const MIN_CHANNELS: usize = 16;
-
-/// Whether `g` runs here: stride 1, a kernel larger than 1×1, enough input channels per group
-/// and, in NCHW, no more output channels than input channels.
-pub(super) fn applies(g: &Geometry) -> bool {
-    let cg = g.in_channels_per_group();
-    let outputs_fit = g.layout == Layout::Nhwc || g.out_channels_per_group() <= cg;
-    g.stride == [1, 1] && g.kh * g.kw > 1 && cg >= MIN_CHANNELS && outputs_fit
-}
-
 /// The padded grid of a convolution: rows `pw` wide (the input row with its left and right
 /// padding), on which output pixel `(r, x)` of a band sits at `r * pw + x` and its tap `(i, j)`
 /// reads `offsets[i * kw + j] = i * dh * pw + j * dw` further on (stride 1; the shifted GEMMs

@@ -37,12 +37,11 @@ use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use kfuse_ir::Layout;
-
 use super::direct::{self, Dst, Residual, OB};
+use super::route::{self, Plan};
 use super::{for_each_band_fitted, Geometry, Post};
 use crate::constants;
-use crate::dense::{has_avx512, with_scratch, with_shared_scratch, Out};
+use crate::dense::{with_scratch, with_shared_scratch, Out};
 use crate::epilogue::epilogue;
 use crate::prefetch::{ask_line, weights_ahead};
 use crate::simd::InRegisters;
@@ -51,121 +50,13 @@ use crate::simd::InRegisters;
 const CB: usize = 32;
 /// The bytes of a band's transformed input `V` that bands are sized for (they stay in L2).
 const V_BYTES: usize = 640 << 10;
-/// The fewest input and output channels taken here: with fewer, the transforms cost more than
-/// the multiplications they save.
-const MIN_CHANNELS: usize = 16;
-
 /// How many input channels ahead the input transform prefetches.
 const PREFETCH: usize = 2;
 
-/// The narrowest output taken here. Sixteen tiles side by side are one vector of the
-/// transforms, so narrow rows leave lanes empty. Against the direct kernel, batch 8, two
-/// threads (`examples/conv_epilogue_cost.rs` on these shapes, alternating), in ms:
-///
-/// | channels | 14×14 | 28×28 | 56×56 |
-/// |---|---|---|---|
-/// | 16 → 16 | 0.025–0.046 / 0.030–0.054 | | 0.29–0.30 / 0.26 |
-/// | 32 → 32 | 0.084–0.088 / 0.108 | 0.27–0.28 / 0.23 | 1.09 / 0.85 |
-/// | 64 → 64 | 0.33 / 0.40–0.48 | 1.06–1.07 / 0.95–1.00 | |
-/// | 128 → 128 | 1.26–1.36 / 1.36 | 4.21 / 3.03–3.05 | |
-const MIN_WIDTH: usize = 24;
-
-/// Narrower outputs, down to this width, are taken where both sides have at least
-/// [`WIDE_CHANNELS`] channels per group and the batch is at least four images per thread:
-/// there the products outweigh the empty lanes. Against the direct kernel (which at smaller
-/// batches splits a small image's output channels between the threads, and leads), weights
-/// registered, `conv::conv2d` alone, two threads, alternating runs, in ms:
-///
-/// | shape | direct | Winograd |
-/// |---|---|---|
-/// | 8×256×14×14 → 256 (ResNet-50's third stage) | 4.15–4.16 | 2.89–2.95 |
-/// | 8×128×14×14 → 128 | 1.04–1.06 | 0.76 |
-/// | 8×128×16×16 → 128 | 1.32–1.63 | 0.74–0.77 |
-/// | 8×256×12×12 → 256 | 2.96–3.21 | 2.08–2.10 |
-/// | 8×256×10×10 → 256 | 2.20–2.33 | 1.38–1.71 |
-/// | 8×512×7×7 → 512 (band-wise; now [`conv_small`]) | 4.38–4.42 | 8.57–8.84 |
-/// | 1×256×14×14 → 256 | 0.54–0.67 | 0.81 |
-/// | 8×64×14×14 → 64 | 0.27 | 0.24–0.31 |
-/// | 8×32×14×14 → 32 | 0.07 | 0.08–0.09 |
-const MIN_NARROW_WIDTH: usize = 10;
-/// See [`MIN_NARROW_WIDTH`].
-const WIDE_CHANNELS: usize = 128;
-
-/// Whether `g` runs here: f32 NCHW 3×3, stride 1, no dilation, at least [`MIN_CHANNELS`]
-/// channels in and out per group, outputs at least [`MIN_WIDTH`] wide (or
-/// [`MIN_NARROW_WIDTH`], see there) and 2 high, on AVX-512.
-pub(super) fn applies(g: &Geometry) -> bool {
-    let (cg, og) = (g.in_channels_per_group(), g.out_channels_per_group());
-    let narrow = g.y[3] >= MIN_NARROW_WIDTH
-        && cg >= WIDE_CHANNELS
-        && og >= WIDE_CHANNELS
-        && g.y[0] >= 4 * crate::Pool::global().threads();
-    g.layout == Layout::Nchw
-        && g.kh == 3
-        && g.kw == 3
-        && g.stride == [1, 1]
-        && g.dilation == [1, 1]
-        && cg >= MIN_CHANNELS
-        && og >= MIN_CHANNELS
-        && g.y[2] >= 2
-        && (g.y[3] >= MIN_WIDTH || narrow || small(g))
-        && has_avx512()
-}
-
-/// Whether [`conv_small`] takes `g` (which is otherwise as [`applies`] asks): one group of at
-/// least [`WIDE_CHANNELS`] channels each way, outputs narrower than [`MIN_NARROW_WIDTH`] of at
-/// most 16 tiles (8×8 pixels), and enough images for the microkernel's blocks of 48 tiles.
-pub(super) fn small(g: &Geometry) -> bool {
-    let tiles = g.y[2].div_ceil(2) * g.y[3].div_ceil(2);
-    g.groups == 1
-        && g.x[1] >= WIDE_CHANNELS
-        && g.y[1] >= WIDE_CHANNELS
-        && g.y[3] < MIN_NARROW_WIDTH
-        && tiles <= 16
-        && g.y[0] * tiles >= direct::QB
-}
-
-/// Whether a [`small`] convolution runs all its images at once ([`conv_small`]) rather than in
-/// tasks of 48 tiles ([`conv_tiles`]): where its transformed weights are large (8 MiB and
-/// more, 362+ channels each way), which the tasks would each read again, and it has at most
-/// four blocks of tiles (twelve 7×7 images), so that its transformed input and products stay
-/// small (32 MiB at most). `EPI=1 conv_shapes`, all at once against tasks, three alternating runs: 8×512×7×7 →
-/// 512 2.84–3.10 against 3.14–3.28 ms (and alike in a slower spell), 4×512×7×7 → 512
-/// 1.81–1.89 against 2.03–2.17; 32×512×7×7 → 512 12.4–12.8 against 10.4–10.8; 8×256×7×7 → 256
-/// 0.92–0.99 against 0.85.
-fn all_at_once(g: &Geometry) -> bool {
-    let tiles = g.y[0] * g.y[2].div_ceil(2) * g.y[3].div_ceil(2);
-    let f32s = std::mem::size_of::<f32>();
-    16 * g.x[1] * g.y[1] * f32s >= 8 << 20
-        && tiles <= 4 * direct::QB
-        && 16 * tiles * (g.x[1] + g.y[1]) * f32s <= 32 << 20
-}
-
-/// How [`conv`] lays out the tiles of `g`.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Plan {
-    /// Bands of whole tile rows, each a task.
-    Bands,
-    /// Tasks of 48 tiles numbered across the images ([`conv_tiles`]).
-    Tasks,
-    /// Every image's tiles side by side, in three passes ([`conv_small`]).
-    AllAtOnce,
-}
-
-/// The plan [`conv`] follows for `g` (which [`applies`]).
-pub(super) fn plan(g: &Geometry) -> Plan {
-    if small(g) && all_at_once(g) {
-        Plan::AllAtOnce
-    } else if g.y[3] < MIN_WIDTH && g.groups == 1 {
-        Plan::Tasks
-    } else {
-        Plan::Bands
-    }
-}
-
-/// The convolution of `g` into `y`, with the epilogue. Call only where [`applies`] holds.
+/// The convolution of `g` into `y`, with the epilogue, its tiles laid out as the route table's
+/// plan says ([`route::winograd_plan`]). Call only where the table routes `g` here.
 pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
-    match plan(g) {
+    match route::winograd_plan(g) {
         Plan::AllAtOnce => return conv_small(g, xs, ws, y, post),
         Plan::Tasks => return conv_tiles(g, xs, ws, y, post),
         Plan::Bands => {}
@@ -210,7 +101,7 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
                 ms,
             };
             for group in 0..g.groups {
-                // SAFETY: `applies` checked AVX-512; the band's reads stay inside image n (masked
+                // SAFETY: the route table took this kernel only on AVX-512; the band's reads stay inside image n (masked
                 // by the input's rows and columns), its writes inside `v`.
                 unsafe { input_transform(g, xs, &at, group * c_in, v) };
                 for c0 in (0..og).step_by(cb) {
@@ -286,7 +177,7 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
     }
 }
 
-/// [`conv`] for images of at most 16 tiles ([`small`]): ResNet's last stage, 7×7. Per image a
+/// [`conv`] for images of at most 16 tiles (`route::winograd_small`): ResNet's last stage, 7×7. Per image a
 /// row of tiles would fill a quarter of a vector, and its 16 tiles a third of a block of the
 /// microkernel; so the tiles of all the images lie side by side, an image's 16 in one vector,
 /// and the call runs in three passes over all the threads:
@@ -302,7 +193,7 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
 /// 0.95–0.99 → 0.64–0.67 (the band-wise path above took 8.6–8.8 ms on the first). ResNet-18
 /// (`kfuse bench resnet18`, whose last stage has three such convolutions) 52.6–59.9 → 49.3–49.7
 /// ms. At batch 1 (16 tiles, a third of a block) the direct kernel keeps them; with smaller
-/// weights or more images, tasks of tiles ([`all_at_once`]). Larger images
+/// weights or more images, tasks of tiles (`route::winograd_plan`). Larger images
 /// stay on the band-wise path: 8×256×14×14 → 256 ran 5% faster alone this way (2.59–2.66 →
 /// 2.48–2.52 ms) but ResNet-50 no faster, its `V` and `M` (6.4 MB each) passing through L3;
 /// at 28×28 and 56×56 it was 1.7 and 2.9 times slower.
@@ -337,7 +228,7 @@ fn conv_small(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
             let image = n * tiles..(n + 1) * tiles;
             let [_, c, h, w] = g.x;
             let lanes = tile_lanes(g, image, 0, pads, [h, w, c * h * w]);
-            // SAFETY: `applies` checked AVX-512; the lanes index image n's pixels, and its
+            // SAFETY: the route table took this kernel only on AVX-512; the lanes index image n's pixels, and its
             // tiles' places in `v` are this task's.
             unsafe {
                 let lanes = lanes.expect("checked");
@@ -405,7 +296,7 @@ fn conv_small(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
 /// transforms those back (scattered to the output), as a band does in [`conv`], whose bands of
 /// whole tile rows leave the microkernel's last block partly empty (14×14: 35 of 48 tiles and
 /// 14 of 16). The rest of the epilogue runs over each image after all tasks. Taken for outputs
-/// narrower than [`MIN_WIDTH`] of one group, small images included where [`all_at_once`] is
+/// narrower than `route::WINOGRAD_MIN_WIDTH` of one group, small images included where the plan is not
 /// false. `conv::conv2d` alone with bias and ReLU (`EPI=1
 /// conv_shapes`), three alternating runs, bands against tasks of tiles: 8×256×14×14 → 256
 /// 2.66–2.68 → 2.22–2.27 ms, 8×128×14×14 → 128 0.71 → 0.63–0.65; `kfuse bench resnet18`
@@ -450,7 +341,7 @@ fn conv_tiles(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
                     v[xi * vs + c * tp + count..][..tp - count].fill(0.0);
                 }
             }
-            // SAFETY: `applies` checked AVX-512; the lanes index the images' pixels, and `v`
+            // SAFETY: the route table took this kernel only on AVX-512; the lanes index the images' pixels, and `v`
             // is this task's.
             let images = first / per_image..(first + count - 1) / per_image + 1;
             unsafe { input_transform_tiles(g, xs, (&inputs, images), v.as_mut_ptr(), vs, tp) };
@@ -770,7 +661,7 @@ unsafe fn input_transform_tiles(
     _: usize,
     _: usize,
 ) {
-    unreachable!("`applies` is false without AVX-512")
+    unreachable!("the route table takes this kernel only on AVX-512")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -785,7 +676,7 @@ unsafe fn output_transform_tiles(
     _: (Option<&[f32]>, Option<Residual>, Option<InRegisters>),
     _: *mut f32,
 ) -> bool {
-    unreachable!("`applies` is false without AVX-512")
+    unreachable!("the route table takes this kernel only on AVX-512")
 }
 
 /// The output rows one task computes: image `n`, rows `r0..r1` (`r0` even), as tile rows of
@@ -1118,7 +1009,7 @@ unsafe fn output_transform(
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn input_transform(_: &Geometry, _: &[f32], _: &Band, _: usize, _: &mut [f32]) {
-    unreachable!("`applies` is false without AVX-512")
+    unreachable!("the route table takes this kernel only on AVX-512")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -1132,14 +1023,20 @@ unsafe fn output_transform(
     _: (Option<&[f32]>, Option<Residual>, Option<InRegisters>),
     _: *mut f32,
 ) -> bool {
-    unreachable!("`applies` is false without AVX-512")
+    unreachable!("the route table takes this kernel only on AVX-512")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dense::has_avx512;
     use crate::epilogue::Activation;
     use kfuse_ir::Conv2dAttrs;
+
+    /// Whether the route table takes `g` to the Winograd kernel on this machine.
+    fn applies(g: &Geometry) -> bool {
+        route::winograd(g, true, route::Isa::host()).is_ok()
+    }
 
     /// A convolution of these sizes: `(n, c_in, c_out, h, w, [top, bottom, left, right])`.
     type Case = (usize, usize, usize, usize, usize, [usize; 4]);
@@ -1268,8 +1165,8 @@ mod tests {
         }
     }
 
-    /// Outputs narrower than [`MIN_WIDTH`] (taken with many channels and a large batch, see
-    /// [`MIN_NARROW_WIDTH`]), in tasks of tiles across the images ([`conv_tiles`]): rows of 10
+    /// Outputs narrower than `route::WINOGRAD_MIN_WIDTH` (taken with many channels and a large
+    /// batch, see `route::WINOGRAD_MIN_NARROW_WIDTH`), in tasks of tiles across the images ([`conv_tiles`]): rows of 10
     /// to 23 outputs, odd ones, partial channel blocks, asymmetric padding, tasks of fewer
     /// tiles than a block, with every epilogue path; and an infinity in the input. Whether
     /// `applies` takes them depends on the threads (the batch per thread); the kernel is run on
@@ -1287,7 +1184,10 @@ mod tests {
             (3, 128, 128, 5, 14, [1, 1, 1, 1]),
         ];
         for sizes in &cases {
-            assert!((MIN_NARROW_WIDTH..MIN_WIDTH).contains(&geometry(sizes).y[3]));
+            assert!(
+                (route::WINOGRAD_MIN_NARROW_WIDTH..route::WINOGRAD_MIN_WIDTH)
+                    .contains(&geometry(sizes).y[3])
+            );
         }
         check_cases(conv, &cases, 60, "narrow", &[]);
         infinity_gives_the_direct_output(&geometry(&cases[0]), 70, None);
@@ -1355,16 +1255,25 @@ mod tests {
         ];
         for (case, sizes) in cases.iter().enumerate() {
             let g = geometry(sizes);
-            assert!(applies(&g) && small(&g), "small case {case}");
+            assert!(
+                applies(&g) && route::winograd_small(&g),
+                "small case {case}"
+            );
         }
         let specials = [0.0, -0.0, 1e-40, -3e-39];
         check_cases(conv_small, &cases, 80, "all at once", &specials);
         check_cases(conv_tiles, &cases, 80, "in tasks", &specials);
         // ResNet's last stage at batch 8 runs all at once, at batch 16 in tasks.
-        assert!(all_at_once(&geometry(&(8, 512, 512, 7, 7, [1, 1, 1, 1]))));
-        assert!(!all_at_once(&geometry(&(16, 512, 512, 7, 7, [1, 1, 1, 1]))));
+        assert_eq!(
+            route::winograd_plan(&geometry(&(8, 512, 512, 7, 7, [1, 1, 1, 1]))),
+            Plan::AllAtOnce
+        );
+        assert_ne!(
+            route::winograd_plan(&geometry(&(16, 512, 512, 7, 7, [1, 1, 1, 1]))),
+            Plan::AllAtOnce
+        );
         let g = geometry(&(4, 512, 384, 7, 7, [1, 1, 1, 1]));
-        assert!(all_at_once(&g));
+        assert_eq!(route::winograd_plan(&g), Plan::AllAtOnce);
         let bias: Vec<f32> = (0..g.y[1]).map(|o| o as f32 * 0.1).collect();
         infinity_gives_the_direct_output(&g, 9, Some(&bias));
         infinity_gives_the_direct_output(&geometry(&cases[0]), 19, None);
