@@ -1,6 +1,8 @@
 //! Composite operations built from primitives. The fusion compiler must turn each into one
 //! kernel; the interpreter runs them op by op.
 
+use std::panic::Location;
+
 use crate::Tensor;
 
 impl Tensor {
@@ -13,6 +15,9 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn softmax(&self, axis: isize) -> Tensor {
+        if let Some(error) = self.axis_error(Location::caller(), "softmax", axis) {
+            return error;
+        }
         let shifted = self - &self.max(&[axis], true);
         let e = shifted.exp();
         &e / &e.sum(&[axis], true)
@@ -21,6 +26,9 @@ impl Tensor {
     /// `(x - max) - log(sum(exp(x - max)))` along `axis`.
     #[track_caller]
     pub fn log_softmax(&self, axis: isize) -> Tensor {
+        if let Some(error) = self.axis_error(Location::caller(), "log_softmax", axis) {
+            return error;
+        }
         let shifted = self - &self.max(&[axis], true);
         &shifted - &shifted.exp().sum(&[axis], true).log()
     }
@@ -29,6 +37,9 @@ impl Tensor {
     /// with the biased variance.
     #[track_caller]
     pub fn layer_norm(&self, gamma: &Tensor, beta: &Tensor, eps: f64) -> Tensor {
+        if let Some(error) = self.axis_error(Location::caller(), "layer_norm", -1) {
+            return error;
+        }
         let centered = self - &self.mean(&[-1], true);
         let var = (&centered * &centered).mean(&[-1], true);
         &(&centered * &(var + eps).rsqrt()) * gamma + beta
@@ -37,6 +48,9 @@ impl Tensor {
     /// RMS normalization over the last axis: `x / sqrt(mean(x^2) + eps) * gamma`.
     #[track_caller]
     pub fn rms_norm(&self, gamma: &Tensor, eps: f64) -> Tensor {
+        if let Some(error) = self.axis_error(Location::caller(), "rms_norm", -1) {
+            return error;
+        }
         let ms = (self * self).mean(&[-1], true);
         &(self * &(ms + eps).rsqrt()) * gamma
     }
