@@ -31,10 +31,14 @@
 //! ```
 
 mod compiled;
+mod composite;
+mod einsum;
 mod nn;
 mod tensor;
 
 pub use compiled::{Compiled, CompiledRunner, IntoInput};
+pub use composite::stack;
+pub use einsum::einsum;
 pub use kfuse_cpu::Numerics;
 pub use kfuse_fusion::{CostModel, FixedCostModel, FusePolicy};
 pub use kfuse_interp::{CustomOps, InterpError, RunStats};
@@ -46,6 +50,7 @@ pub use kfuse_ir::{
 };
 pub use kfuse_npy as npy;
 pub use kfuse_runtime::{Backend, CacheAligned, Executable, Options, Tier};
+pub use nn::ConvTranspose2dAttrs;
 pub use tensor::{cat, where_, Context, Operand, Tensor};
 pub use {
     kfuse_cpu as cpu, kfuse_fusion as fusion, kfuse_kernel as kernel, kfuse_opt as opt,

@@ -60,7 +60,7 @@ impl From<&BuildError> for Error {
 /// A lazy tensor: a value in its context's graph, or the error that prevented it.
 #[derive(Clone)]
 pub struct Tensor {
-    cx: Context,
+    pub(crate) cx: Context,
     value: Result<Value, Rc<BuildError>>,
 }
 
@@ -176,7 +176,7 @@ impl Context {
         self.inner.borrow_mut().next_seed = seed;
     }
 
-    fn error(&self, location: &Location, message: impl Into<String>) -> Tensor {
+    pub(crate) fn error(&self, location: &Location, message: impl Into<String>) -> Tensor {
         Tensor {
             cx: self.clone(),
             value: Err(Rc::new(BuildError {
@@ -225,7 +225,7 @@ impl Context {
         }
     }
 
-    fn node1(&self, location: &Location, op: Op, operands: &[&Tensor]) -> Tensor {
+    pub(crate) fn node1(&self, location: &Location, op: Op, operands: &[&Tensor]) -> Tensor {
         self.node(location, op, operands).swap_remove(0)
     }
 
@@ -459,7 +459,7 @@ impl Context {
 }
 
 /// Normalizes a possibly negative axis against `rank`.
-fn norm_axis(axis: isize, rank: usize) -> Result<usize, String> {
+pub(crate) fn norm_axis(axis: isize, rank: usize) -> Result<usize, String> {
     let r = rank as isize;
     let a = if axis < 0 { axis + r } else { axis };
     if (0..r).contains(&a) {
@@ -528,19 +528,24 @@ impl Tensor {
         }
     }
 
-    fn rank(&self) -> usize {
+    /// Whether this tensor was built without error.
+    pub(crate) fn is_ok(&self) -> bool {
+        self.value.is_ok()
+    }
+
+    pub(crate) fn rank(&self) -> usize {
         self.ty().map_or(0, |t| t.shape.rank())
     }
 
-    fn dims(&self) -> Vec<usize> {
+    pub(crate) fn dims(&self) -> Vec<usize> {
         self.shape().unwrap_or_default()
     }
 
-    fn dtype_or_f32(&self) -> DType {
+    pub(crate) fn dtype_or_f32(&self) -> DType {
         self.ty().map_or(DType::F32, |t| t.dtype)
     }
 
-    fn op(&self, location: &Location, op: Op, others: &[&Tensor]) -> Tensor {
+    pub(crate) fn op(&self, location: &Location, op: Op, others: &[&Tensor]) -> Tensor {
         let mut operands = vec![self];
         operands.extend_from_slice(others);
         self.cx.node1(location, op, &operands)
