@@ -123,7 +123,7 @@ fn take_diagonals(mut operand: Labeled) -> Labeled {
         let cx = operand.tensor.context().clone();
         let same = cx
             .iota(DType::I64, &dims, p)
-            .eq(&cx.iota(DType::I64, &dims, q));
+            .eq(cx.iota(DType::I64, &dims, q));
         operand.tensor = where_(&same, &operand.tensor, 0).sum(&[q as isize], false);
         operand.letters.remove(q);
     }

@@ -13,11 +13,14 @@ use kfuse::{
 };
 use kfuse_testkit::{bounded_array, random_array, Rng};
 
+/// Builds a program's named outputs from its inputs.
+type Builder = fn(&Context, &[Tensor]) -> Vec<(&'static str, Tensor)>;
+
 /// A test program: its inputs' types and a function building its outputs from them.
 struct Program {
     name: &'static str,
     inputs: Vec<(&'static str, TensorType)>,
-    build: fn(&Context, &[Tensor]) -> Vec<(&'static str, Tensor)>,
+    build: Builder,
 }
 
 impl Program {
