@@ -109,7 +109,10 @@ impl InputCheck {
 }
 
 /// A program compiled into kernels, to run as many times as needed with new inputs (what
-/// `torch.compile` and `jax.jit` return).
+/// `torch.compile` and `jax.jit` return). It holds no reference to the [`Context`] it came
+/// from, and it is `Send` and `Sync`: threads can share one and run it at the same time.
+///
+/// [`Context`]: crate::Context
 ///
 /// ```
 /// use kfuse::{Array, Context, DType};

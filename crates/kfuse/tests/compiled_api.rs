@@ -427,3 +427,26 @@ fn explain_lists_each_kernel_and_the_graph() {
     assert!(kfuse::print_graph(f.graph()).contains("reduce_sum"));
     assert_eq!(f.tiers().len(), f.kernel_count());
 }
+
+/// One compiled program can serve several threads at once.
+#[test]
+fn a_compiled_program_runs_on_several_threads() {
+    fn shareable<T: Send + Sync>(_: &T) {}
+    let cx = Context::new();
+    let x = cx.input("x", DType::F64, &[1000]);
+    let f = cx.compile(&[("y", &(&x * 2.0))]).unwrap();
+    shareable(&f);
+    std::thread::scope(|scope| {
+        for k in 0..4 {
+            let f = &f;
+            scope.spawn(move || {
+                let input = Array::from_vec(vec![1000], vec![k as f64; 1000]).unwrap();
+                let out = f.run([("x", input)]).unwrap();
+                assert_eq!(
+                    out[0].as_slice::<f64>().unwrap(),
+                    &[2.0 * k as f64; 1000][..]
+                );
+            });
+        }
+    });
+}
