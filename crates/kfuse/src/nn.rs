@@ -1,5 +1,7 @@
-//! Composite operations built from primitives. The fusion compiler must turn each into one
-//! kernel; the interpreter runs them op by op.
+//! Neural-network composites built from primitives. The fusion compiler must turn each
+//! activation and normalization into one kernel (or fold it into the matmul or convolution
+//! before it); the interpreter runs them op by op. A transposed convolution is an ordinary
+//! convolution of a spread-out input, so it runs on the convolution routines.
 
 use std::panic::Location;
 
