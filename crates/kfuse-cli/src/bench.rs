@@ -413,8 +413,8 @@ pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
             cache_dir: cache.join(format!("cold-{}", w.id)),
             ..kfuse::Options::default()
         };
-        let cold = kfuse::compile(&graph, &options, &cost)?;
-        let cached = kfuse::compile(&graph, &options, &cost)?;
+        let cold = kfuse::compile_with_cost_model(&graph, &options, &cost)?;
+        let cached = kfuse::compile_with_cost_model(&graph, &options, &cost)?;
         if cached
             .tiers
             .iter()
@@ -623,7 +623,7 @@ fn cost_model_case(
             cache_dir: cache.join("cost-case"),
             ..kfuse::Options::default()
         };
-        let exe = kfuse::compile(&graph, &options, &cost)?;
+        let exe = kfuse::compile_with_cost_model(&graph, &options, &cost)?;
         let mut runner = exe.runner();
         let ms = time(runs, || {
             runner
@@ -803,7 +803,7 @@ fn prepare_with(
 ) -> Result<Case> {
     let graph = kfuse::opt::freeze(&kfuse::parse(program)?, frozen)?;
     let inputs = inputs_for(&graph)?;
-    let exe = kfuse::compile(&graph, options, &FixedCostModel::default())?;
+    let exe = kfuse::compile_with_cost_model(&graph, options, &FixedCostModel::default())?;
     Ok(Case { exe, inputs })
 }
 

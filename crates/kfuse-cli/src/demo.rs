@@ -79,7 +79,11 @@ fn compile(graph: &kfuse::Graph, numerics: Numerics) -> Result<kfuse::Executable
         numerics,
         ..kfuse::Options::default()
     };
-    Ok(kfuse::compile(graph, &options, &FixedCostModel::default())?)
+    Ok(kfuse::compile_with_cost_model(
+        graph,
+        &options,
+        &FixedCostModel::default(),
+    )?)
 }
 
 /// The largest difference between two runs' float outputs, and whether every element has

@@ -455,7 +455,7 @@ fn run(
         }
         outputs
     } else {
-        let exe = kfuse::compile(
+        let exe = kfuse::compile_with_cost_model(
             &graph,
             &engine.options(),
             &cost_model_named(&engine.cost_model),

@@ -1,10 +1,13 @@
 //! kfuse: a tensor compiler and runtime.
 //!
-//! Programs come in through the lazy [`Tensor`] API or as `.kf` text ([`parse`]), and run on the
-//! reference interpreter. Later backends compile the same graphs into fused kernels.
+//! Programs come in through the lazy [`Tensor`] API or as `.kf` text ([`parse`]). They run
+//! compiled: partitioned into fused kernels, each compiled to C (cached on disk) or run on the
+//! tile interpreter where no C compiler is found. The reference interpreter runs the same graphs
+//! op by op ([`Context::run_reference`], [`run_graph`]); it is what the compiled code is tested
+//! against.
 //!
 //! ```
-//! use kfuse::{Context, DType};
+//! use kfuse::{Array, Context, DType};
 //!
 //! let cx = Context::new();
 //! let x = cx.tensor(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
@@ -14,17 +17,28 @@
 //! assert_eq!(values.len(), 2);
 //! assert!((values[0] - (2.0f32.exp().ln_1p() + 1.0f32.exp().ln_1p())).abs() < 1e-5);
 //!
-//! // Named inputs are bound when the program runs.
+//! // Named inputs are bound when the program runs. `compile` gives a program to run again and
+//! // again with new inputs; `cx.run(outputs, inputs)` compiles and runs once.
 //! let a = cx.input("a", DType::F32, &[3]);
 //! let b = a.softmax(-1);
-//! let out = cx.run(&[("b", &b)], &[("a", kfuse::Array::from_vec(vec![3], vec![1.0f32, 2.0, 3.0]).unwrap())]).unwrap();
+//! let f = cx.compile(&[("b", &b)]).unwrap();
+//! assert_eq!(f.kernel_count(), 1);
+//! let out = f.run([("a", Array::from_vec(vec![3], vec![1.0f32, 2.0, 3.0]).unwrap())]).unwrap();
 //! let probs: &[f32] = out[0].as_slice().unwrap();
 //! assert!((probs.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+//! let again = f.run([("a", Array::from_vec(vec![3], vec![0.0f32; 3]).unwrap())]).unwrap();
+//! assert!((again[0].as_slice::<f32>().unwrap()[0] - 1.0 / 3.0).abs() < 1e-6);
 //! ```
 
+mod compiled;
+mod composite;
+mod einsum;
 mod nn;
 mod tensor;
 
+pub use compiled::{Compiled, CompiledRunner, IntoInput};
+pub use composite::stack;
+pub use einsum::einsum;
 pub use kfuse_cpu::Numerics;
 pub use kfuse_fusion::{CostModel, FixedCostModel, FusePolicy};
 pub use kfuse_interp::{CustomOps, InterpError, RunStats};
@@ -36,7 +50,8 @@ pub use kfuse_ir::{
 };
 pub use kfuse_npy as npy;
 pub use kfuse_runtime::{Backend, CacheAligned, Executable, Options, Tier};
-pub use tensor::{cat, where_, Context, Tensor};
+pub use nn::ConvTranspose2dAttrs;
+pub use tensor::{cat, where_, Context, Operand, Tensor};
 pub use {
     kfuse_cpu as cpu, kfuse_fusion as fusion, kfuse_kernel as kernel, kfuse_opt as opt,
     kfuse_routines as routines, kfuse_runtime as runtime,
@@ -59,11 +74,36 @@ pub enum Error {
     Npy(#[from] kfuse_npy::NpyError),
     #[error(transparent)]
     Compiled(#[from] kfuse_runtime::RunError),
+    /// Evaluating a tensor failed while running its program. `location` is the source position
+    /// of the [`Tensor::to_vec`] or [`Tensor::to_array`] call.
+    #[error("{location}: {source}")]
+    Evaluate {
+        location: String,
+        source: Box<Error>,
+    },
 }
 
-/// Compiles a graph: partition with `options.policy`, lower, and compile kernels (C where
-/// possible, the tile interpreter elsewhere).
-pub fn compile(
+/// Compiles a graph: the graph passes, partitioning with `options.policy`, lowering, and
+/// kernels compiled to C where a compiler is found (cached in `options.cache_dir`), the tile
+/// interpreter elsewhere.
+///
+/// Fusion decisions use the fixed cost model, the reference machine's coefficients: partitions
+/// are then the same on every machine and no calibration runs behind the caller's back (it
+/// times kernels for about a second, and timings taken while other work runs would be cached
+/// for good). [`compile_with_cost_model`] takes another model, such as the one
+/// [`runtime::calibrated_cost_model`] measures for this machine (what `kfuse run` uses).
+///
+/// ```
+/// let graph = kfuse::parse("%x = input() name=\"x\" : f32[8]\n%y = exp(%x)\noutput \"y\" = %y\n").unwrap();
+/// let exe = kfuse::compile(&graph, &kfuse::Options::default()).unwrap();
+/// assert_eq!(exe.program.steps.len(), 1);
+/// ```
+pub fn compile(graph: &Graph, options: &Options) -> Result<Executable, Error> {
+    compile_with_cost_model(graph, options, &FixedCostModel::default())
+}
+
+/// As [`compile`], with the cost model that decides what to fuse given explicitly.
+pub fn compile_with_cost_model(
     graph: &Graph,
     options: &Options,
     cost: &dyn CostModel,

@@ -2,19 +2,26 @@
 //!
 //! Operations never panic on bad operands. A failed operation yields a tensor that carries the
 //! error (with the caller's source position); operations on it pass the error along, and it is
-//! reported by [`Context::run`], [`Tensor::to_vec`] or [`Tensor::ty`].
+//! reported by [`Context::run`], [`Context::compile`], [`Tensor::to_vec`] or [`Tensor::ty`].
+//!
+//! A program runs compiled by default ([`Context::run`], [`Context::compile`]): fused kernels,
+//! compiled C where a compiler is found. [`Context::run_reference`] runs it op by op on the
+//! reference interpreter instead, and [`Tensor::to_vec`] uses the interpreter too, since a
+//! value inspected while writing a program should not wait for a C compiler.
 
 use std::cell::RefCell;
 use std::panic::Location;
 use std::rc::Rc;
 
+use kfuse_fusion::CostModel;
 use kfuse_interp::CustomOps;
 use kfuse_ir::{
     Array, BinaryOp, CompareOp, Conv2dAttrs, DType, Element, Graph, IrError, Layout, Op, PadMode,
     Pool2dAttrs, PoolKind, ReduceOp, RngDist, Shape, Storage, TensorType, UnaryOp, Value,
 };
 
-use crate::Error;
+use crate::compiled::{collect_inputs, Compiled, InputCheck, IntoInput};
+use crate::{Error, Options};
 
 struct Builder {
     graph: Graph,
@@ -53,7 +60,7 @@ impl From<&BuildError> for Error {
 /// A lazy tensor: a value in its context's graph, or the error that prevented it.
 #[derive(Clone)]
 pub struct Tensor {
-    cx: Context,
+    pub(crate) cx: Context,
     value: Result<Value, Rc<BuildError>>,
 }
 
@@ -79,6 +86,61 @@ fn here(location: &Location) -> String {
         location.line(),
         location.column()
     )
+}
+
+/// A Rust scalar given where a tensor operand is expected. It becomes a constant of the other
+/// operand's dtype.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Scalar {
+    Float(f64),
+    Int(i64),
+}
+
+impl std::fmt::Display for Scalar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Scalar::Float(v) => write!(f, "{v:?}"),
+            Scalar::Int(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+/// `scalar` as a rank-0 array of `dtype`. Float dtypes round to nearest; integer and bool dtypes
+/// take only values they hold exactly, since truncating would silently change the program
+/// (`x.lt(0.5)` on integers would become `x < 0`).
+fn exact_scalar(scalar: Scalar, dtype: DType) -> Result<Array, String> {
+    let inexact = || format!("the scalar {scalar} is not exactly representable as {dtype}");
+    let integer = match scalar {
+        Scalar::Int(v) => Some(v),
+        // The bounds are exact in f64; values at or above 2^63 fail the second test.
+        Scalar::Float(v) if v.fract() == 0.0 && v >= -(2f64.powi(63)) && v < 2f64.powi(63) => {
+            Some(v as i64)
+        }
+        Scalar::Float(_) => None,
+    };
+    let storage = match (dtype, scalar) {
+        (DType::F32, Scalar::Float(v)) => Storage::F32(vec![v as f32]),
+        (DType::F32, Scalar::Int(v)) => Storage::F32(vec![v as f32]),
+        (DType::F64, Scalar::Float(v)) => Storage::F64(vec![v]),
+        (DType::F64, Scalar::Int(v)) => Storage::F64(vec![v as f64]),
+        (DType::F16, Scalar::Float(v)) => Storage::F16(vec![kfuse_ir::f16::from_f64(v)]),
+        (DType::F16, Scalar::Int(v)) => Storage::F16(vec![kfuse_ir::f16::from_f64(v as f64)]),
+        (DType::BF16, Scalar::Float(v)) => Storage::BF16(vec![kfuse_ir::bf16::from_f64(v)]),
+        (DType::BF16, Scalar::Int(v)) => Storage::BF16(vec![kfuse_ir::bf16::from_f64(v as f64)]),
+        (DType::I32, _) => Storage::I32(vec![integer
+            .and_then(|v| i32::try_from(v).ok())
+            .ok_or_else(inexact)?]),
+        (DType::I64, _) => Storage::I64(vec![integer.ok_or_else(inexact)?]),
+        (DType::U8, _) => Storage::U8(vec![integer
+            .and_then(|v| u8::try_from(v).ok())
+            .ok_or_else(inexact)?]),
+        (DType::Bool, _) => Storage::Bool(vec![match integer {
+            Some(0) => false,
+            Some(1) => true,
+            _ => return Err(inexact()),
+        }]),
+    };
+    Ok(Array::new(Shape::scalar(), storage).expect("one element"))
 }
 
 /// An `f64` value as a rank-0 array of `dtype` (truncating toward zero for integers).
@@ -114,7 +176,7 @@ impl Context {
         self.inner.borrow_mut().next_seed = seed;
     }
 
-    fn error(&self, location: &Location, message: impl Into<String>) -> Tensor {
+    pub(crate) fn error(&self, location: &Location, message: impl Into<String>) -> Tensor {
         Tensor {
             cx: self.clone(),
             value: Err(Rc::new(BuildError {
@@ -163,7 +225,7 @@ impl Context {
         }
     }
 
-    fn node1(&self, location: &Location, op: Op, operands: &[&Tensor]) -> Tensor {
+    pub(crate) fn node1(&self, location: &Location, op: Op, operands: &[&Tensor]) -> Tensor {
         self.node(location, op, operands).swap_remove(0)
     }
 
@@ -305,51 +367,99 @@ impl Context {
     }
 
     /// The graph computing `outputs` (only the nodes they need).
-    pub fn graph(&self, outputs: &[(&str, &Tensor)]) -> Result<Graph, Error> {
+    #[track_caller]
+    pub fn graph<N: AsRef<str>>(&self, outputs: &[(N, &Tensor)]) -> Result<Graph, Error> {
         let mut named = Vec::with_capacity(outputs.len());
         for (name, t) in outputs {
+            if !Rc::ptr_eq(&t.cx.inner, &self.inner) {
+                return Err(Error::Build {
+                    location: here(Location::caller()),
+                    message: format!("output {:?} belongs to another Context", name.as_ref()),
+                });
+            }
             match &t.value {
-                Ok(v) => named.push((name.to_string(), *v)),
+                Ok(v) => named.push((name.as_ref().to_string(), *v)),
                 Err(e) => return Err(e.as_ref().into()),
             }
         }
         Ok(self.inner.borrow().graph.extract(&named)?)
     }
 
-    /// Runs the program computing `outputs` on the reference interpreter. Every name in `inputs`
-    /// must be an input of this context; inputs the outputs do not need are ignored.
-    pub fn run(
+    /// How runs of `graph` (extracted from this context) check their inputs.
+    fn input_check(&self, graph: &Graph) -> InputCheck {
+        let types = |g: &Graph| -> Vec<(String, TensorType)> {
+            g.inputs()
+                .map(|(_, name, ty)| (name.to_string(), ty.clone()))
+                .collect()
+        };
+        InputCheck {
+            needed: types(graph),
+            known: types(&self.inner.borrow().graph),
+        }
+    }
+
+    /// Compiles the program computing `outputs` into fused kernels, to run as many times as
+    /// needed; see [`Compiled`]. Uses the default [`Options`] (fast numerics, the cost policy,
+    /// compiled C with the on-disk kernel cache) and the fixed cost model.
+    #[track_caller]
+    pub fn compile<N: AsRef<str>>(&self, outputs: &[(N, &Tensor)]) -> Result<Compiled, Error> {
+        self.compile_with(
+            outputs,
+            &Options::default(),
+            &kfuse_fusion::FixedCostModel::default(),
+        )
+    }
+
+    /// As [`Context::compile`], with explicit options and cost model (strict numerics for
+    /// results bit-identical to [`Context::run_reference`], the tile interpreter, another cache
+    /// directory, a calibrated cost model).
+    #[track_caller]
+    pub fn compile_with<N: AsRef<str>>(
         &self,
-        outputs: &[(&str, &Tensor)],
-        inputs: &[(&str, Array)],
+        outputs: &[(N, &Tensor)],
+        options: &Options,
+        cost: &dyn CostModel,
+    ) -> Result<Compiled, Error> {
+        let graph = self.graph(outputs)?;
+        let executable = crate::compile_with_cost_model(&graph, options, cost)?;
+        let custom = self.inner.borrow().custom.clone();
+        Ok(Compiled::new(executable, custom, self.input_check(&graph)))
+    }
+
+    /// Compiles the program computing `outputs` and runs it once on named inputs; returns the
+    /// outputs in the order given. Every name in `inputs` must be an input of this context;
+    /// inputs the outputs do not need are ignored. To run a program more than once, compile it
+    /// once with [`Context::compile`]: this compiles on every call (kernels come from the disk
+    /// cache after the first, but partitioning and loading are repeated).
+    ///
+    /// Inputs are `("x", array)` pairs with `&str` or `String` names, given by value (the
+    /// arrays move into the run) or by reference (they are copied).
+    #[track_caller]
+    pub fn run<N: AsRef<str>>(
+        &self,
+        outputs: &[(N, &Tensor)],
+        inputs: impl IntoIterator<Item = impl IntoInput>,
+    ) -> Result<Vec<Array>, Error> {
+        self.compile(outputs)?.run(inputs)
+    }
+
+    /// As [`Context::run`], on the reference interpreter: op by op, no fusion, no compiler. Its
+    /// results are the ones compiled programs are tested against.
+    #[track_caller]
+    pub fn run_reference<N: AsRef<str>>(
+        &self,
+        outputs: &[(N, &Tensor)],
+        inputs: impl IntoIterator<Item = impl IntoInput>,
     ) -> Result<Vec<Array>, Error> {
         let graph = self.graph(outputs)?;
-        let builder = self.inner.borrow();
-        let mut bound = Vec::new();
-        for (name, array) in inputs {
-            if !builder.graph.inputs().any(|(_, n, _)| n == *name) {
-                let known: Vec<String> = builder
-                    .graph
-                    .inputs()
-                    .map(|(_, n, t)| format!("{n:?}: {t}"))
-                    .collect();
-                return Err(kfuse_interp::InterpError::UnknownInput {
-                    name: name.to_string(),
-                    known: known.join(", "),
-                }
-                .into());
-            }
-            if graph.inputs().any(|(_, n, _)| n == *name) {
-                bound.push((name.to_string(), array.clone()));
-            }
-        }
-        let results = kfuse_interp::run(&graph, &bound, &builder.custom)?;
+        let bound = self.input_check(&graph).bind(collect_inputs(inputs))?;
+        let results = kfuse_interp::run(&graph, &bound, &self.inner.borrow().custom)?;
         Ok(results.into_iter().map(|(_, a)| a).collect())
     }
 }
 
 /// Normalizes a possibly negative axis against `rank`.
-fn norm_axis(axis: isize, rank: usize) -> Result<usize, String> {
+pub(crate) fn norm_axis(axis: isize, rank: usize) -> Result<usize, String> {
     let r = rank as isize;
     let a = if axis < 0 { axis + r } else { axis };
     if (0..r).contains(&a) {
@@ -383,63 +493,106 @@ impl Tensor {
         self.value.clone().map_err(|e| e.as_ref().into())
     }
 
-    /// Evaluates this tensor (it must not depend on inputs) and returns its array.
+    /// Evaluates this tensor (it must not depend on inputs) on the reference interpreter and
+    /// returns its array. A failure to build the tensor names the failing operation's call site;
+    /// a failure to evaluate it names this call's.
+    #[track_caller]
     pub fn to_array(&self) -> Result<Array, Error> {
-        Ok(self.cx.run(&[("out", self)], &[])?.swap_remove(0))
+        self.evaluate(Location::caller())
     }
 
-    /// Evaluates this tensor and returns its elements in row-major order.
-    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, Error> {
-        let array = self.to_array()?;
-        match array.as_slice::<T>() {
-            Some(s) => Ok(s.to_vec()),
-            None => Err(Error::Build {
-                location: "to_vec".into(),
-                message: format!("the tensor is {}, not {}", array.dtype(), T::DTYPE),
+    fn evaluate(&self, location: &Location) -> Result<Array, Error> {
+        let no_inputs = std::iter::empty::<(&str, Array)>();
+        match self.cx.run_reference(&[("out", self)], no_inputs) {
+            Ok(mut arrays) => Ok(arrays.swap_remove(0)),
+            Err(e @ Error::Build { .. }) => Err(e),
+            Err(e) => Err(Error::Evaluate {
+                location: here(location),
+                source: Box::new(e),
             }),
         }
     }
 
-    fn rank(&self) -> usize {
+    /// Evaluates this tensor as [`Tensor::to_array`] does and returns its elements in
+    /// row-major order; `T` must be its dtype's element type.
+    #[track_caller]
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, Error> {
+        let location = Location::caller();
+        let array = self.evaluate(location)?;
+        match array.as_slice::<T>() {
+            Some(s) => Ok(s.to_vec()),
+            None => Err(Error::Build {
+                location: here(location),
+                message: format!("to_vec: the tensor is {}, not {}", array.dtype(), T::DTYPE),
+            }),
+        }
+    }
+
+    /// Whether this tensor was built without error.
+    pub(crate) fn is_ok(&self) -> bool {
+        self.value.is_ok()
+    }
+
+    pub(crate) fn rank(&self) -> usize {
         self.ty().map_or(0, |t| t.shape.rank())
     }
 
-    fn dims(&self) -> Vec<usize> {
+    pub(crate) fn dims(&self) -> Vec<usize> {
         self.shape().unwrap_or_default()
     }
 
-    fn dtype_or_f32(&self) -> DType {
+    pub(crate) fn dtype_or_f32(&self) -> DType {
         self.ty().map_or(DType::F32, |t| t.dtype)
     }
 
-    fn op(&self, location: &Location, op: Op, others: &[&Tensor]) -> Tensor {
+    pub(crate) fn op(&self, location: &Location, op: Op, others: &[&Tensor]) -> Tensor {
         let mut operands = vec![self];
         operands.extend_from_slice(others);
         self.cx.node1(location, op, &operands)
     }
 
-    /// Runs `f` with a normalized axis, or yields the axis error.
-    fn with_axis(
+    /// Runs `f` with a normalized axis, or yields the axis error naming the operation `name`.
+    pub(crate) fn with_axis(
         &self,
         location: &Location,
+        name: &str,
         axis: isize,
         f: impl FnOnce(usize) -> Tensor,
     ) -> Tensor {
-        if let Err(e) = &self.value {
-            return Tensor {
-                cx: self.cx.clone(),
-                value: Err(e.clone()),
-            };
-        }
         match norm_axis(axis, self.rank()) {
-            Ok(a) => f(a),
-            Err(m) => self.cx.error(location, m),
+            Ok(a) if self.value.is_ok() => f(a),
+            _ => self
+                .axis_error(location, name, axis)
+                .unwrap_or_else(|| self.clone()),
         }
     }
 
-    fn with_axes(
+    /// The tensor to return instead of computing operation `name` along `axis`: this tensor's
+    /// own error, or the error that `axis` is out of range. Composites check their axis first
+    /// with it, so that the error names them rather than a primitive inside.
+    pub(crate) fn axis_error(
         &self,
         location: &Location,
+        name: &str,
+        axis: isize,
+    ) -> Option<Tensor> {
+        if let Err(e) = &self.value {
+            return Some(Tensor {
+                cx: self.cx.clone(),
+                value: Err(e.clone()),
+            });
+        }
+        norm_axis(axis, self.rank())
+            .err()
+            .map(|m| self.cx.error(location, format!("{name}: {m}")))
+    }
+
+    /// Runs `f` with normalized, sorted axes, or yields the axis error naming the operation
+    /// `name`.
+    pub(crate) fn with_axes(
+        &self,
+        location: &Location,
+        name: &str,
         axes: &[isize],
         f: impl FnOnce(Vec<usize>) -> Tensor,
     ) -> Tensor {
@@ -453,27 +606,31 @@ impl Tensor {
         for &a in axes {
             match norm_axis(a, self.rank()) {
                 Ok(a) => normalized.push(a),
-                Err(m) => return self.cx.error(location, m),
+                Err(m) => return self.cx.error(location, format!("{name}: {m}")),
             }
         }
         normalized.sort_unstable();
         if normalized.windows(2).any(|w| w[0] == w[1]) {
             return self
                 .cx
-                .error(location, format!("axes {axes:?} repeat an axis"));
+                .error(location, format!("{name}: axes {axes:?} repeat an axis"));
         }
         f(normalized)
     }
 
-    /// A scalar constant of this tensor's dtype.
-    fn like(&self, location: &Location, value: f64) -> Tensor {
-        self.cx.node1(
-            location,
-            Op::Constant {
-                value: scalar_array(value, self.dtype_or_f32()),
-            },
-            &[],
-        )
+    /// `scalar` as a constant of this tensor's dtype, or the error (naming the operation
+    /// `name`) when that dtype cannot hold it exactly.
+    pub(crate) fn scalar_like(&self, location: &Location, name: &str, scalar: Scalar) -> Tensor {
+        match exact_scalar(scalar, self.dtype_or_f32()) {
+            Ok(value) => self.cx.node1(location, Op::Constant { value }, &[]),
+            Err(m) => self.cx.error(location, format!("{name}: {m}")),
+        }
+    }
+
+    /// A binary op with `other` as the second operand.
+    fn binary(&self, location: &Location, name: &str, op: Op, other: impl Operand) -> Tensor {
+        let other = other.into_operand(self, name, location);
+        self.op(location, op, &[&other])
     }
 }
 
@@ -505,6 +662,75 @@ unary_methods! {
     logical_not => Not,
 }
 
+/// The second operand of a binary operation: a tensor, or a Rust scalar (`f32`, `f64`, `i32`,
+/// `i64`) that becomes a constant of the tensor's dtype, as numpy and PyTorch treat Python
+/// scalars: `x.ge(0.05)` compares an f16 tensor with f16 0.05. An integer or bool tensor takes
+/// only scalars it holds exactly (`x.lt(0.5)` on integers is an error, not `x < 0`).
+///
+/// ```
+/// let cx = kfuse::Context::new();
+/// let x = cx.tensor(&[1i32, 5, 9], &[3]);
+/// assert_eq!(x.ge(5).to_vec::<bool>().unwrap(), vec![false, true, true]);
+/// assert_eq!(x.maximum(4.0).to_vec::<i32>().unwrap(), vec![4, 5, 9]);
+/// assert!(x.lt(0.5).ty().unwrap_err().to_string().contains("lt: the scalar 0.5 is not exactly representable as i32"));
+/// ```
+pub trait Operand: sealed::Sealed {
+    /// This operand as a tensor in `like`'s context: itself, or a constant of `like`'s dtype.
+    /// `name` and `location` are the operation's, for the error when the dtype cannot hold the
+    /// scalar.
+    fn into_operand(self, like: &Tensor, name: &str, location: &Location) -> Tensor;
+
+    /// The tensor, if this operand is one.
+    fn as_tensor(&self) -> Option<&Tensor>;
+}
+
+mod sealed {
+    /// Keeps [`Operand`](super::Operand) implemented only here, for tensors and the scalar
+    /// types whose conversion is defined.
+    pub trait Sealed {}
+}
+
+impl sealed::Sealed for Tensor {}
+impl sealed::Sealed for &Tensor {}
+
+impl Operand for Tensor {
+    fn into_operand(self, _: &Tensor, _: &str, _: &Location) -> Tensor {
+        self
+    }
+
+    fn as_tensor(&self) -> Option<&Tensor> {
+        Some(self)
+    }
+}
+
+impl Operand for &Tensor {
+    fn into_operand(self, _: &Tensor, _: &str, _: &Location) -> Tensor {
+        self.clone()
+    }
+
+    fn as_tensor(&self) -> Option<&Tensor> {
+        Some(self)
+    }
+}
+
+macro_rules! scalar_operand {
+    ($($t:ty => $variant:ident as $wide:ty),* $(,)?) => {
+        $(
+            impl sealed::Sealed for $t {}
+            impl Operand for $t {
+                fn into_operand(self, like: &Tensor, name: &str, location: &Location) -> Tensor {
+                    like.scalar_like(location, name, Scalar::$variant(self as $wide))
+                }
+
+                fn as_tensor(&self) -> Option<&Tensor> {
+                    None
+                }
+            }
+        )*
+    };
+}
+scalar_operand!(f32 => Float as f64, f64 => Float as f64, i32 => Int as i64, i64 => Int as i64);
+
 macro_rules! binary_methods {
     ($($(#[$doc:meta])* $name:ident => $op:expr),* $(,)?) => {
         // `add`, `sub`, ... mirror the operators for PyTorch-style method chains.
@@ -512,9 +738,11 @@ macro_rules! binary_methods {
         impl Tensor {
             $(
                 $(#[$doc])*
+                #[doc = ""]
+                #[doc = "`other` is a tensor or a scalar of any [`Operand`] type."]
                 #[track_caller]
-                pub fn $name(&self, other: &Tensor) -> Tensor {
-                    self.op(Location::caller(), $op, &[other])
+                pub fn $name(&self, other: impl Operand) -> Tensor {
+                    self.binary(Location::caller(), stringify!($name), $op, other)
                 }
             )*
         }
@@ -537,8 +765,14 @@ binary_methods! {
     eq => Op::Compare(CompareOp::Eq), ne => Op::Compare(CompareOp::Ne),
     lt => Op::Compare(CompareOp::Lt), le => Op::Compare(CompareOp::Le),
     gt => Op::Compare(CompareOp::Gt), ge => Op::Compare(CompareOp::Ge),
-    /// Matrix product; see [`Tensor::matmul`] for 1-D operands.
-    bmm => Op::MatMul,
+}
+
+impl Tensor {
+    /// Matrix product of operands of rank 2 or more; see [`Tensor::matmul`] for 1-D operands.
+    #[track_caller]
+    pub fn bmm(&self, other: &Tensor) -> Tensor {
+        self.op(Location::caller(), Op::MatMul, &[other])
+    }
 }
 
 macro_rules! reduce_methods {
@@ -549,14 +783,14 @@ macro_rules! reduce_methods {
                 #[track_caller]
                 pub fn $name(&self, axes: &[isize], keepdims: bool) -> Tensor {
                     let loc = Location::caller();
-                    self.with_axes(loc, axes, |axes| self.op(loc, Op::Reduce { op: ReduceOp::$op, axes, keepdims }, &[]))
+                    self.with_axes(loc, stringify!($name), axes, |axes| self.op(loc, Op::Reduce { op: ReduceOp::$op, axes, keepdims }, &[]))
                 }
                 #[doc = concat!("`", stringify!($name), "` over every axis, to a scalar.")]
                 #[track_caller]
                 pub fn $all(&self) -> Tensor {
                     let axes: Vec<isize> = (0..self.rank() as isize).collect();
                     let loc = Location::caller();
-                    self.with_axes(loc, &axes, |axes| self.op(loc, Op::Reduce { op: ReduceOp::$op, axes, keepdims: false }, &[]))
+                    self.with_axes(loc, stringify!($all), &axes, |axes| self.op(loc, Op::Reduce { op: ReduceOp::$op, axes, keepdims: false }, &[]))
                 }
             )*
         }
@@ -594,7 +828,7 @@ impl Tensor {
     }
 
     fn arg_reduce(&self, loc: &Location, op: ReduceOp, axis: isize, keepdims: bool) -> Tensor {
-        self.with_axis(loc, axis, |a| {
+        self.with_axis(loc, op.name(), axis, |a| {
             self.op(
                 loc,
                 Op::Reduce {
@@ -617,7 +851,8 @@ impl Tensor {
     #[track_caller]
     pub fn clamp(&self, lo: f64, hi: f64) -> Tensor {
         let loc = Location::caller();
-        let (l, h) = (self.like(loc, lo), self.like(loc, hi));
+        let l = self.scalar_like(loc, "clamp", Scalar::Float(lo));
+        let h = self.scalar_like(loc, "clamp", Scalar::Float(hi));
         self.op(loc, Op::Clamp, &[&l, &h])
     }
 
@@ -698,15 +933,13 @@ impl Tensor {
         let loc = Location::caller();
         let rank = self.rank();
         match (norm_axis(a, rank), norm_axis(b, rank)) {
+            _ if self.value.is_err() => self.clone(),
             (Ok(a), Ok(b)) => {
                 let mut perm: Vec<isize> = (0..rank as isize).collect();
                 perm.swap(a, b);
                 self.permute(&perm)
             }
-            _ if self.value.is_err() => self.clone(),
-            _ => self
-                .cx
-                .error(loc, format!("transpose: axes {a} and {b} for rank {rank}")),
+            (Err(m), _) | (_, Err(m)) => self.cx.error(loc, format!("transpose: {m}")),
         }
     }
 
@@ -746,7 +979,7 @@ impl Tensor {
     #[track_caller]
     pub fn squeeze(&self, axis: isize) -> Tensor {
         let loc = Location::caller();
-        self.with_axis(loc, axis, |a| {
+        self.with_axis(loc, "squeeze", axis, |a| {
             let mut dims: Vec<isize> = self.dims().iter().map(|&d| d as isize).collect();
             if dims[a] != 1 {
                 return self.cx.error(
@@ -770,7 +1003,7 @@ impl Tensor {
     #[track_caller]
     pub fn slice(&self, axis: isize, start: isize, stop: isize, step: usize) -> Tensor {
         let loc = Location::caller();
-        self.with_axis(loc, axis, |a| {
+        self.with_axis(loc, "slice", axis, |a| {
             let dims = self.dims();
             let n = dims[a] as isize;
             let clamp = |i: isize| if i < 0 { (i + n).max(0) } else { i.min(n) } as usize;
@@ -797,7 +1030,7 @@ impl Tensor {
     #[track_caller]
     pub fn narrow(&self, axis: isize, start: usize, len: usize) -> Tensor {
         let loc = Location::caller();
-        self.with_axis(loc, axis, |a| {
+        self.with_axis(loc, "narrow", axis, |a| {
             let dims = self.dims();
             let mut starts = vec![0; dims.len()];
             let mut stops = dims.clone();
@@ -836,7 +1069,9 @@ impl Tensor {
     #[track_caller]
     pub fn flip(&self, axes: &[isize]) -> Tensor {
         let loc = Location::caller();
-        self.with_axes(loc, axes, |axes| self.op(loc, Op::Flip { axes }, &[]))
+        self.with_axes(loc, "flip", axes, |axes| {
+            self.op(loc, Op::Flip { axes }, &[])
+        })
     }
 
     /// Matrix product with numpy's rules: batch dims broadcast, and a 1-D operand is treated as a
@@ -922,7 +1157,7 @@ impl Tensor {
     #[track_caller]
     pub fn gather(&self, axis: isize, index: &Tensor) -> Tensor {
         let loc = Location::caller();
-        self.with_axis(loc, axis, |a| {
+        self.with_axis(loc, "gather", axis, |a| {
             self.op(loc, Op::Gather { axis: a }, &[index])
         })
     }
@@ -931,7 +1166,7 @@ impl Tensor {
     #[track_caller]
     pub fn scatter_add(&self, axis: isize, index: &Tensor, src: &Tensor) -> Tensor {
         let loc = Location::caller();
-        self.with_axis(loc, axis, |a| {
+        self.with_axis(loc, "scatter_add", axis, |a| {
             self.op(loc, Op::ScatterAdd { axis: a }, &[index, src])
         })
     }
@@ -947,7 +1182,7 @@ impl Tensor {
     pub fn sort(&self, axis: isize, descending: bool) -> (Tensor, Tensor) {
         let loc = Location::caller();
         let mut results = vec![];
-        let first = self.with_axis(loc, axis, |a| {
+        let first = self.with_axis(loc, "sort", axis, |a| {
             results = self.cx.node(
                 loc,
                 Op::Sort {
@@ -978,7 +1213,7 @@ impl Tensor {
     pub fn topk(&self, k: usize, axis: isize, largest: bool) -> (Tensor, Tensor) {
         let loc = Location::caller();
         let mut results = vec![];
-        let first = self.with_axis(loc, axis, |a| {
+        let first = self.with_axis(loc, "topk", axis, |a| {
             results = self.cx.node(
                 loc,
                 Op::TopK {
@@ -1015,17 +1250,30 @@ fn square_pool(kind: PoolKind, window: usize, stride: usize, padding: usize) -> 
     }
 }
 
-/// `a` where `cond` holds, else `b` (numpy `where`), with broadcasting.
+/// `a` where `cond` holds, else `b` (numpy `where`), with broadcasting. One of `a` and `b` may
+/// be a scalar, which takes the other's dtype.
 ///
 /// ```
 /// let cx = kfuse::Context::new();
 /// let x = cx.tensor(&[-1.0f32, 2.0], &[2]);
-/// let y = kfuse::where_(&x.lt(&cx.scalar(0.0f32)), &cx.scalar(0.0f32), &x);
+/// let y = kfuse::where_(&x.lt(0.0), 0.0, &x);
 /// assert_eq!(y.to_vec::<f32>().unwrap(), vec![0.0, 2.0]);
 /// ```
 #[track_caller]
-pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
-    cond.op(Location::caller(), Op::Select, &[a, b])
+pub fn where_(cond: &Tensor, a: impl Operand, b: impl Operand) -> Tensor {
+    let loc = Location::caller();
+    let like = match (a.as_tensor(), b.as_tensor()) {
+        (Some(t), _) | (None, Some(t)) => t.clone(),
+        (None, None) => {
+            return cond.cx.error(
+                loc,
+                "where: a and b are both scalars; one must be a tensor to give the dtype",
+            )
+        }
+    };
+    let a = a.into_operand(&like, "where", loc);
+    let b = b.into_operand(&like, "where", loc);
+    cond.op(loc, Op::Select, &[&a, &b])
 }
 
 /// Concatenation along `axis`.
@@ -1034,7 +1282,7 @@ pub fn cat(parts: &[&Tensor], axis: isize) -> Tensor {
     let loc = Location::caller();
     match parts.first() {
         None => Context::new().error(loc, "cat: no tensors given"),
-        Some(first) => first.with_axis(loc, axis, |a| {
+        Some(first) => first.with_axis(loc, "cat", axis, |a| {
             first.cx.node1(loc, Op::Concat { axis: a }, parts)
         }),
     }
@@ -1042,74 +1290,48 @@ pub fn cat(parts: &[&Tensor], axis: isize) -> Tensor {
 
 macro_rules! operator {
     ($trait:ident, $method:ident, $op:expr) => {
-        impl std::ops::$trait<&Tensor> for &Tensor {
+        // One impl per left-hand side covers every right-hand side, tensor or scalar: with one
+        // impl the result type is known before an unsuffixed literal's type is, so that
+        // `(x.exp() + 1.0).log()` needs no annotation.
+        impl<O: Operand> std::ops::$trait<O> for &Tensor {
             type Output = Tensor;
             #[track_caller]
-            fn $method(self, rhs: &Tensor) -> Tensor {
-                self.op(Location::caller(), $op, &[rhs])
+            fn $method(self, rhs: O) -> Tensor {
+                let op = $op;
+                self.binary(Location::caller(), op.name(), op, rhs)
             }
         }
-        impl std::ops::$trait<Tensor> for Tensor {
+        impl<O: Operand> std::ops::$trait<O> for Tensor {
             type Output = Tensor;
             #[track_caller]
-            fn $method(self, rhs: Tensor) -> Tensor {
-                self.op(Location::caller(), $op, &[&rhs])
+            fn $method(self, rhs: O) -> Tensor {
+                let op = $op;
+                self.binary(Location::caller(), op.name(), op, rhs)
             }
         }
-        impl std::ops::$trait<&Tensor> for Tensor {
-            type Output = Tensor;
-            #[track_caller]
-            fn $method(self, rhs: &Tensor) -> Tensor {
-                self.op(Location::caller(), $op, &[rhs])
-            }
-        }
-        impl std::ops::$trait<Tensor> for &Tensor {
-            type Output = Tensor;
-            #[track_caller]
-            fn $method(self, rhs: Tensor) -> Tensor {
-                self.op(Location::caller(), $op, &[&rhs])
-            }
-        }
+        // A scalar on the left is an `f64` or an `i64` only: a second float (or integer) type
+        // would leave `1.0 - &x` ambiguous until the literal's type falls back, too late for a
+        // method called on the result.
         operator!(@scalar $trait, $method, $op, f64);
         operator!(@scalar $trait, $method, $op, i64);
     };
     (@scalar $trait:ident, $method:ident, $op:expr, $s:ty) => {
-        // The scalar becomes a constant of the tensor's dtype. Only `f64` and `i64` scalars are
-        // accepted so that literals like `1.0` and `2` infer without annotations.
-        impl std::ops::$trait<$s> for &Tensor {
-            type Output = Tensor;
-            #[track_caller]
-            fn $method(self, rhs: $s) -> Tensor {
-                let loc = Location::caller();
-                let c = self.like(loc, rhs as f64);
-                self.op(loc, $op, &[&c])
-            }
-        }
-        impl std::ops::$trait<$s> for Tensor {
-            type Output = Tensor;
-            #[track_caller]
-            fn $method(self, rhs: $s) -> Tensor {
-                let loc = Location::caller();
-                let c = self.like(loc, rhs as f64);
-                self.op(loc, $op, &[&c])
-            }
-        }
         impl std::ops::$trait<&Tensor> for $s {
             type Output = Tensor;
             #[track_caller]
             fn $method(self, rhs: &Tensor) -> Tensor {
-                let loc = Location::caller();
-                let c = rhs.like(loc, self as f64);
-                c.op(loc, $op, &[rhs])
+                let (loc, op) = (Location::caller(), $op);
+                let c = self.into_operand(rhs, op.name(), loc);
+                c.op(loc, op, &[rhs])
             }
         }
         impl std::ops::$trait<Tensor> for $s {
             type Output = Tensor;
             #[track_caller]
             fn $method(self, rhs: Tensor) -> Tensor {
-                let loc = Location::caller();
-                let c = rhs.like(loc, self as f64);
-                c.op(loc, $op, &[&rhs])
+                let (loc, op) = (Location::caller(), $op);
+                let c = self.into_operand(&rhs, op.name(), loc);
+                c.op(loc, op, &[&rhs])
             }
         }
     };

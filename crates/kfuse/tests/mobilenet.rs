@@ -6,7 +6,7 @@
 //! layout assignment runs it in NCHW, the layout changing at its input and output only.
 
 use kfuse::kernel::Step;
-use kfuse::{Array, CustomOps, FixedCostModel, Options};
+use kfuse::{Array, CustomOps, Options};
 
 /// A small deterministic generator (the test needs values, not statistics).
 struct Lcg(u64);
@@ -117,7 +117,7 @@ fn a_mobilenet_v2_block_is_one_kernel_within_rounding_of_the_reference() {
             keep_layouts,
             ..Options::default()
         };
-        let exe = kfuse::compile(&graph, &options, &FixedCostModel::default()).unwrap();
+        let exe = kfuse::compile(&graph, &options).unwrap();
         // A lone plain block's layout changes would cost more than its depthwise convolution
         // gains in NCHW; the inverted residual's, six times wider, pays for them.
         let changed = layout == "nhwc" && !keep_layouts && expand.is_some();

@@ -35,7 +35,7 @@ fn arithmetic_broadcasting_and_scalars() {
     );
     let i = cx.tensor(&[7i64, -7], &[2]);
     assert_eq!((&i / 2).to_vec::<i64>().unwrap(), vec![3, -4]);
-    let mask = a.gt(&cx.scalar(3.0f32));
+    let mask = a.gt(3.0);
     assert_eq!(
         mask.to_vec::<bool>().unwrap(),
         vec![false, false, false, true, true, true]
@@ -44,7 +44,7 @@ fn arithmetic_broadcasting_and_scalars() {
         (!&mask).to_vec::<bool>().unwrap(),
         vec![true, true, true, false, false, false]
     );
-    let picked = where_(&mask, &a, &cx.scalar(0.0f32));
+    let picked = where_(&mask, &a, 0.0);
     assert_eq!(
         picked.to_vec::<f32>().unwrap(),
         vec![0.0, 0.0, 0.0, 4.0, 5.0, 6.0]
@@ -305,4 +305,150 @@ fn bad_calls_are_errors_naming_the_call_site() {
         .to_string()
         .contains("missing input \"z\""));
     assert!(cat(&[], 0).ty().is_err());
+}
+
+#[test]
+fn scalars_take_the_tensor_dtype() {
+    let cx = Context::new();
+    let x = cx.tensor(&[0.04f32, 0.05, 0.06], &[3]);
+    // 0.05 becomes the f32 nearest 0.05, so the middle element compares equal.
+    let want = vec![false, true, true];
+    assert_eq!(x.ge(0.05).to_vec::<bool>().unwrap(), want);
+    assert_eq!(x.ge(0.05f32).to_vec::<bool>().unwrap(), want);
+    assert_eq!(x.ge(cx.scalar(0.05f32)).to_vec::<bool>().unwrap(), want);
+    let h = x.cast(DType::F16);
+    assert_eq!(h.ge(0.05).to_vec::<bool>().unwrap(), want);
+    let i = cx.tensor(&[1i64, 5, 9], &[3]);
+    assert_eq!(i.lt(5).to_vec::<bool>().unwrap(), vec![true, false, false]);
+    assert_eq!(
+        i.eq(5i64).to_vec::<bool>().unwrap(),
+        vec![false, true, false]
+    );
+    assert_eq!(i.ne(9.0).to_vec::<bool>().unwrap(), vec![true, true, false]);
+    assert_eq!(i.maximum(4).to_vec::<i64>().unwrap(), vec![4, 5, 9]);
+    assert_eq!((&i * 2i32 + 1.0).to_vec::<i64>().unwrap(), vec![3, 11, 19]);
+    assert_eq!((10 - &i).to_vec::<i64>().unwrap(), vec![9, 5, 1]);
+    assert_eq!(
+        (x.exp() + 1.0f32).log().shape().unwrap(),
+        vec![3],
+        "a method applies to an operator's result without annotations"
+    );
+    // Integers and bools take only the scalars they hold exactly: no silent truncation.
+    let line = line!() + 1;
+    let err = i.lt(0.5).ty().unwrap_err().to_string();
+    assert!(err.contains(&format!("tensor_api.rs:{line}:")), "{err}");
+    assert!(
+        err.ends_with("lt: the scalar 0.5 is not exactly representable as i64"),
+        "{err}"
+    );
+    let bytes = cx.tensor(&[1u8], &[1]);
+    assert!((&bytes + 300)
+        .ty()
+        .unwrap_err()
+        .to_string()
+        .ends_with("add: the scalar 300 is not exactly representable as u8"));
+    assert!(i
+        .cast(DType::I32)
+        .add(i64::MAX)
+        .ty()
+        .unwrap_err()
+        .to_string()
+        .contains("not exactly representable as i32"));
+    let flags = cx.tensor(&[true, false], &[2]);
+    assert_eq!(
+        flags.eq(1).to_vec::<bool>().unwrap(),
+        vec![true, false],
+        "1 is true"
+    );
+    assert!(flags.eq(2).ty().is_err());
+    // where_ takes a scalar on either side, in the other's dtype.
+    let y = where_(&i.gt(4), &i, -1);
+    assert_eq!(y.to_vec::<i64>().unwrap(), vec![-1, 5, 9]);
+    let y = where_(&x.gt(0.05), 1.0, &x);
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![0.04, 0.05, 1.0]);
+    assert!(where_(&flags, 1.0, 2.0)
+        .ty()
+        .unwrap_err()
+        .to_string()
+        .ends_with("where: a and b are both scalars; one must be a tensor to give the dtype"));
+}
+
+#[test]
+fn axis_errors_name_the_operation() {
+    let cx = Context::new();
+    let x = cx.ones(DType::F32, &[2, 3]);
+    let i = cx.tensor(&[0i64], &[1, 1]);
+    let cases = [
+        (x.softmax(5), "softmax: axis 5 is out of range for rank 2"),
+        (
+            x.log_softmax(-3),
+            "log_softmax: axis -3 is out of range for rank 2",
+        ),
+        (x.sum(&[2], false), "sum: axis 2 is out of range for rank 2"),
+        (x.mean(&[0, 0], true), "mean: axes [0, 0] repeat an axis"),
+        (
+            x.argmax(7, false),
+            "argmax: axis 7 is out of range for rank 2",
+        ),
+        (x.squeeze(4), "squeeze: axis 4 is out of range for rank 2"),
+        (
+            x.unsqueeze(4),
+            "unsqueeze: axis 4 is out of range for rank 3",
+        ),
+        (
+            x.transpose(0, 2),
+            "transpose: axis 2 is out of range for rank 2",
+        ),
+        (
+            x.permute(&[0, 9]),
+            "permute: axis 9 is out of range for rank 2",
+        ),
+        (x.flip(&[3]), "flip: axis 3 is out of range for rank 2"),
+        (
+            x.slice(2, 0, 1, 1),
+            "slice: axis 2 is out of range for rank 2",
+        ),
+        (
+            x.narrow(-4, 0, 1),
+            "narrow: axis -4 is out of range for rank 2",
+        ),
+        (x.gather(2, &i), "gather: axis 2 is out of range for rank 2"),
+        (
+            x.sort(2, false).0,
+            "sort: axis 2 is out of range for rank 2",
+        ),
+        (
+            x.topk(1, 2, true).1,
+            "topk: axis 2 is out of range for rank 2",
+        ),
+        (cat(&[&x, &x], 2), "cat: axis 2 is out of range for rank 2"),
+        (
+            cx.ones(DType::F32, &[]).layer_norm(&x, &x, 1e-5),
+            "layer_norm: axis -1 is out of range for rank 0",
+        ),
+    ];
+    for (k, (tensor, want)) in cases.iter().enumerate() {
+        let err = tensor.ty().unwrap_err().to_string();
+        assert!(err.ends_with(want), "case {k}: {err}");
+    }
+}
+
+#[test]
+fn evaluation_errors_name_the_caller() {
+    let cx = Context::new();
+    let z = cx.input("z", DType::F32, &[1]).exp();
+    let line = line!() + 1;
+    let err = z.to_vec::<f32>().unwrap_err();
+    assert!(matches!(err, kfuse::Error::Evaluate { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains(&format!("tensor_api.rs:{line}:")), "{text}");
+    assert!(text.contains("missing input \"z\""), "{text}");
+    let ones = cx.ones(DType::F32, &[1]);
+    let line = line!() + 1;
+    let err = ones.to_vec::<i64>().unwrap_err().to_string();
+    assert!(err.contains(&format!("tensor_api.rs:{line}:")), "{err}");
+    assert!(err.ends_with("to_vec: the tensor is f32, not i64"), "{err}");
+    let line = line!() + 1;
+    let err = z.to_array().unwrap_err().to_string();
+    assert!(err.contains(&format!("tensor_api.rs:{line}:")), "{err}");
 }
