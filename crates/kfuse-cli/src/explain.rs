@@ -197,9 +197,17 @@ pub fn explain(
     let (fused_bytes, unfused_bytes) = (total_bytes(&program), total_bytes(&unfused));
     if let Some(dir) = dump {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        // Each file is created afresh and exclusively: a file left from an earlier dump is
+        // removed first, and a symbolic link planted under its name is removed, not followed.
         let write = |name: &str, text: &str| {
-            std::fs::write(dir.join(name), text)
-                .with_context(|| format!("cannot write {}", dir.join(name).display()))
+            let path = dir.join(name);
+            let _ = std::fs::remove_file(&path);
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .and_then(|mut file| std::io::Write::write_all(&mut file, text.as_bytes()))
+                .with_context(|| format!("cannot write {}", path.display()))
         };
         write("0-input.kf", &kfuse::print_graph(input))?;
         for (i, (name, changed, _)) in trail.iter().enumerate() {
@@ -213,8 +221,8 @@ pub fn explain(
         write("1-partition.txt", &print_partition(graph, &p))?;
         // The compiler's vectorization report beside each kernel's C, where the compiler
         // gives one (GCC), in the default fast numerics.
-        let compiler =
-            kfuse::cpu::Compiler::detect(std::env::temp_dir().join("kfuse-explain-dump")).ok();
+        // The compiler works in the user's private kernel cache, never in a fixed shared path.
+        let compiler = kfuse::cpu::Compiler::detect(kfuse::cpu::default_cache_dir()).ok();
         for step in &program.steps {
             if let Step::Kernel { kernel, .. } = step {
                 write(

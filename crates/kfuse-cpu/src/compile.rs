@@ -3,8 +3,17 @@
 //!
 //! The cache key hashes the C source, the compiler flags, the compiler's version line and the CPU
 //! model (the code is built for `-march=native`), so a cached object is only reused where it was
-//! built for the same thing. Objects are compiled to a temporary name and renamed into place, so
-//! concurrent compilations of the same kernel are safe.
+//! built for the same thing.
+//!
+//! A cached object is code that `kfuse` loads and runs, so the cache must be trusted as much as
+//! the binary. The directory is the user's own with mode 0700 (another user's directory, or a
+//! symbolic link, is refused with a message). Every object has a tag beside it: a SipHash-2-4
+//! MAC of its cache key and bytes under a random secret kept in the directory (mode 0600).
+//! An object whose tag is missing or wrong (truncated, corrupt, another kernel's object under
+//! this name, or one planted by hand) is never loaded: it is rebuilt. Each compilation writes its
+//! source and object under names unique to the process and thread, created exclusively, and
+//! renames the synced object into place after its tag, so concurrent compilations of one kernel
+//! never read each other's half-written files.
 
 use std::ffi::c_void;
 use std::hash::{Hash, Hasher};
@@ -82,8 +91,25 @@ fn unique_suffix() -> String {
     format!("{}.{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], "")
 }
 
-fn write_source(path: &std::path::Path, source: &str) -> Result<(), String> {
-    std::fs::write(path, source).map_err(|e| format!("cannot write {}: {e}", path.display()))
+/// Writes `bytes` to a new file at `path`, created exclusively (an existing file or a planted
+/// symbolic link makes it fail) with mode 0600, and synced.
+fn write_new(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600).custom_flags(libc::O_NOFOLLOW);
+    }
+    let written = options.open(path).and_then(|mut file| {
+        file.write_all(bytes)?;
+        file.sync_all()
+    });
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(path);
+        format!("cannot write {}: {e}", path.display())
+    })
 }
 
 /// Which loops of a kernel the C compiler vectorized, from GCC's `-fopt-info-vec` report.
@@ -111,12 +137,10 @@ impl Compiler {
         source: &str,
         numerics: Numerics,
     ) -> Result<Option<VectorReport>, String> {
-        std::fs::create_dir_all(&self.cache_dir)
-            .map_err(|e| format!("cannot create {}: {e}", self.cache_dir.display()))?;
         let c_file = self
             .cache_dir
             .join(format!("vec-report-{}.c", unique_suffix()));
-        write_source(&c_file, source)?;
+        write_new(&c_file, source.as_bytes())?;
         let out = Command::new(&self.program)
             .args(COMMON_FLAGS.iter().filter(|f| **f != "-shared"))
             .args(numerics.flags())
@@ -175,16 +199,29 @@ pub enum CacheOutcome {
 }
 
 /// The system C compiler and the cache directory.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Compiler {
     pub program: String,
     pub version: String,
     pub cache_dir: PathBuf,
     cpu: String,
+    /// The cache's secret, which keys the tags of its objects.
+    secret: [u8; 16],
+}
+
+impl std::fmt::Debug for Compiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Compiler")
+            .field("program", &self.program)
+            .field("version", &self.version)
+            .field("cache_dir", &self.cache_dir)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The default cache directory: `$KFUSE_CACHE_DIR`, else `$XDG_CACHE_HOME/kfuse`, else
-/// `~/.cache/kfuse`, else a directory under the system temporary directory.
+/// `~/.cache/kfuse`, else `kfuse-cache-<uid>` under the system temporary directory (which
+/// [`Compiler::detect`] refuses if another user made it first).
 pub fn default_cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("KFUSE_CACHE_DIR") {
         return PathBuf::from(d);
@@ -195,7 +232,110 @@ pub fn default_cache_dir() -> PathBuf {
     if let Some(h) = std::env::var_os("HOME") {
         return PathBuf::from(h).join(".cache/kfuse");
     }
-    std::env::temp_dir().join("kfuse-cache")
+    std::env::temp_dir().join(format!("kfuse-cache-{}", user_id()))
+}
+
+/// The effective user id (0 where there are no users).
+fn user_id() -> u32 {
+    #[cfg(unix)]
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    return unsafe { libc::geteuid() };
+    #[cfg(not(unix))]
+    0
+}
+
+/// Makes `dir` a directory of this user's that no one else can write, creating it (mode 0700)
+/// where missing. A symbolic link, something not a directory, or a directory of another user is
+/// refused; this user's directory open to others is closed to them.
+pub fn private_dir(dir: &Path) -> Result<(), String> {
+    let refuse = |why: String| {
+        Err(format!(
+            "refusing the kernel cache {}: {why}; set KFUSE_CACHE_DIR to a directory of your own",
+            dir.display()
+        ))
+    };
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    if let Err(e) = builder.create(dir) {
+        return refuse(format!("cannot create it: {e}"));
+    }
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(meta) => meta,
+        Err(e) => return refuse(format!("cannot read it: {e}")),
+    };
+    if meta.file_type().is_symlink() {
+        return refuse("it is a symbolic link".into());
+    }
+    if !meta.is_dir() {
+        return refuse("it is not a directory".into());
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        if meta.uid() != user_id() {
+            return refuse(format!("it belongs to user {}, not to you", meta.uid()));
+        }
+        if meta.mode() & 0o077 != 0 {
+            if let Err(e) = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)) {
+                return refuse(format!(
+                    "others may write it, and making it private failed: {e}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The cache's secret: 16 random bytes in `dir/secret`, made on first use.
+fn cache_secret(dir: &Path) -> Result<[u8; 16], String> {
+    let path = dir.join("secret");
+    for _ in 0..2 {
+        match read_private(&path) {
+            Ok(bytes) => {
+                if let Ok(secret) = <[u8; 16]>::try_from(bytes.as_slice()) {
+                    return Ok(secret);
+                }
+                // A damaged secret is replaced: every object it tagged is then rebuilt.
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(format!("cannot read {}: {e}", path.display()))
+            }
+            Err(_) => {}
+        }
+        let mut secret = [0u8; 16];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut secret))
+            .map_err(|e| format!("cannot read /dev/urandom for the cache's secret: {e}"))?;
+        // Written under a unique name and linked into place, so that of two processes making
+        // the secret at once both end up with the one that was linked first.
+        let tmp = dir.join(format!("secret.tmp{}", unique_suffix()));
+        write_new(&tmp, &secret)?;
+        let linked = std::fs::hard_link(&tmp, &path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => return Ok(secret),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(format!("cannot create {}: {e}", path.display())),
+        }
+    }
+    Err(format!(
+        "cannot settle the cache's secret in {}",
+        dir.display()
+    ))
+}
+
+/// The whole of a regular file, not following a symbolic link.
+fn read_private(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW);
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut options.open(path)?, &mut bytes)?;
+    Ok(bytes)
 }
 
 fn cpu_model() -> String {
@@ -223,7 +363,8 @@ fn key(parts: &[&str]) -> String {
 }
 
 impl Compiler {
-    /// Finds the C compiler (`$CC`, else `cc`) and checks that it runs.
+    /// Finds the C compiler (`$CC`, else `cc`), checks that it runs, and makes `cache_dir` a
+    /// private cache ([`private_dir`]) with its secret.
     pub fn detect(cache_dir: PathBuf) -> Result<Compiler, String> {
         let program = std::env::var("CC").unwrap_or_else(|_| "cc".into());
         let out = Command::new(&program)
@@ -238,21 +379,45 @@ impl Compiler {
             .next()
             .unwrap_or("")
             .to_string();
+        private_dir(&cache_dir)?;
+        let secret = cache_secret(&cache_dir)?;
         Ok(Compiler {
             program,
             version,
             cache_dir,
             cpu: cpu_model(),
+            secret,
         })
     }
 
     /// The cache path a source would compile to.
     pub fn object_path(&self, source: &str, numerics: Numerics) -> PathBuf {
+        self.cache_dir
+            .join(format!("{}.so", self.entry_key(source, numerics)))
+    }
+
+    fn entry_key(&self, source: &str, numerics: Numerics) -> String {
         let flags = format!("{:?}{:?}", COMMON_FLAGS, numerics.flags());
-        self.cache_dir.join(format!(
-            "{}.so",
-            key(&[source, &flags, &self.version, &self.cpu])
-        ))
+        key(&[source, &flags, &self.version, &self.cpu])
+    }
+
+    /// The tag of the object `bytes` cached under `entry`: a keyed MAC of both, as hex.
+    fn tag(&self, entry: &str, bytes: &[u8]) -> String {
+        use siphasher::sip128::{Hasher128, SipHasher24};
+        let mut mac = SipHasher24::new_with_key(&self.secret);
+        mac.write(entry.as_bytes());
+        mac.write(&[0]);
+        mac.write(bytes);
+        format!("{:032x}", mac.finish128().as_u128())
+    }
+
+    /// Whether the object at `object` is the one its tag vouches for.
+    fn vouched(&self, entry: &str, object: &Path) -> bool {
+        let tag_path = object.with_extension("tag");
+        match (read_private(object), read_private(&tag_path)) {
+            (Ok(bytes), Ok(tag)) => tag == self.tag(entry, &bytes).as_bytes(),
+            _ => false,
+        }
     }
 
     /// Compiles `source` (or finds it in the cache), loads it and returns its `kfuse_kernel`.
@@ -269,48 +434,87 @@ impl Compiler {
     }
 
     /// Compiles `source` (or finds it in the cache) and loads the shared object; kernels are then
-    /// taken from it by name with [`CompiledKernel::from_library`].
+    /// taken from it by name with [`CompiledKernel::from_library`]. A cached object is loaded
+    /// only if its tag vouches for it, and one that fails to load is rebuilt once.
     pub fn compile_library(
         &self,
         source: &str,
         numerics: Numerics,
     ) -> Result<(Arc<libloading::Library>, PathBuf, CacheOutcome), String> {
-        let object = self.object_path(source, numerics);
-        let outcome = if object.exists() {
-            CacheOutcome::Hit
-        } else {
-            std::fs::create_dir_all(&self.cache_dir)
-                .map_err(|e| format!("cannot create {}: {e}", self.cache_dir.display()))?;
-            let c_file = object.with_extension("c");
-            let tmp = object.with_extension(format!("so.tmp{}", unique_suffix()));
-            write_source(&c_file, source)?;
-            let out = Command::new(&self.program)
-                .args(COMMON_FLAGS)
-                .args(numerics.flags())
-                .arg("-o")
-                .arg(&tmp)
-                .arg(&c_file)
-                .arg("-lm")
-                .output()
-                .map_err(|e| format!("cannot run {}: {e}", self.program))?;
-            if !out.status.success() {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(format!(
-                    "{} failed on {}:\n{}",
-                    self.program,
-                    c_file.display(),
-                    String::from_utf8_lossy(&out.stderr)
-                ));
+        let entry = self.entry_key(source, numerics);
+        let object = self.cache_dir.join(format!("{entry}.so"));
+        let mut outcome = CacheOutcome::Hit;
+        if !self.vouched(&entry, &object) {
+            self.build(&entry, source, numerics)?;
+            outcome = CacheOutcome::Miss;
+        }
+        // SAFETY: the object was built by this module from kfuse-rendered C (its tag, keyed by
+        // the private cache's secret, says so); loading it runs no initializers of ours.
+        let loaded = unsafe { libloading::Library::new(&object) };
+        let library = match loaded {
+            Ok(library) => library,
+            Err(_) if outcome == CacheOutcome::Hit => {
+                self.build(&entry, source, numerics)?;
+                outcome = CacheOutcome::Miss;
+                // SAFETY: as above, freshly built.
+                unsafe { libloading::Library::new(&object) }
+                    .map_err(|e| format!("cannot load {}: {e}", object.display()))?
             }
-            std::fs::rename(&tmp, &object)
-                .map_err(|e| format!("cannot move {} into the cache: {e}", tmp.display()))?;
-            CacheOutcome::Miss
+            Err(e) => return Err(format!("cannot load {}: {e}", object.display())),
         };
-        // SAFETY: the object was produced by this module from kfuse-rendered C; loading it runs
-        // no initializers of ours.
-        let library = unsafe { libloading::Library::new(&object) }
-            .map_err(|e| format!("cannot load {}: {e}", object.display()))?;
         Ok((Arc::new(library), object, outcome))
+    }
+
+    /// Compiles `source` into the cache as `entry`: source and object under names unique to
+    /// this thread, the object synced, then its tag and the object renamed into place.
+    fn build(&self, entry: &str, source: &str, numerics: Numerics) -> Result<(), String> {
+        let suffix = unique_suffix();
+        let c_file = self.cache_dir.join(format!("{entry}.{suffix}.c"));
+        let tmp = self.cache_dir.join(format!("{entry}.{suffix}.so.tmp"));
+        write_new(&c_file, source.as_bytes())?;
+        let out = Command::new(&self.program)
+            .args(COMMON_FLAGS)
+            .args(numerics.flags())
+            .arg("-o")
+            .arg(&tmp)
+            .arg(&c_file)
+            .arg("-lm")
+            .output();
+        let _ = std::fs::remove_file(&c_file);
+        let installed = out
+            .map_err(|e| format!("cannot run {}: {e}", self.program))
+            .and_then(|out| {
+                if out.status.success() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{} failed on kernel {entry}:\n{}",
+                        self.program,
+                        String::from_utf8_lossy(&out.stderr)
+                    ))
+                }
+            })
+            .and_then(|()| self.install(entry, &tmp));
+        let _ = std::fs::remove_file(&tmp);
+        installed
+    }
+
+    /// Moves the compiled object `tmp` into the cache as `entry`, with its tag.
+    fn install(&self, entry: &str, tmp: &Path) -> Result<(), String> {
+        let bytes = read_private(tmp).map_err(|e| format!("cannot read {}: {e}", tmp.display()))?;
+        std::fs::File::open(tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| format!("cannot sync {}: {e}", tmp.display()))?;
+        let object = self.cache_dir.join(format!("{entry}.so"));
+        let tag_path = object.with_extension("tag");
+        let tag_tmp = self
+            .cache_dir
+            .join(format!("{entry}.{}.tag.tmp", unique_suffix()));
+        write_new(&tag_tmp, self.tag(entry, &bytes).as_bytes())?;
+        let moved =
+            std::fs::rename(&tag_tmp, &tag_path).and_then(|()| std::fs::rename(tmp, &object));
+        let _ = std::fs::remove_file(&tag_tmp);
+        moved.map_err(|e| format!("cannot move {} into the cache: {e}", tmp.display()))
     }
 }
 

@@ -196,19 +196,39 @@ pub fn compile_with(
             },
         })
     };
-    // Compilations run in parallel; tiers that need no compiler are decided in place.
+    // Compilations run in parallel, on as many threads as the machine has cores (a C compiler
+    // per kernel at once would oversubscribe the cores and the memory); tiers that need no
+    // compiler are decided in place.
     let tiers: Vec<Option<Tier>> = if compiler.is_ok() {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = program
-                .steps
-                .iter()
-                .map(|step| scope.spawn(|| tier_of(step)))
+        let workers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(program.steps.len().max(1));
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let mut tiers: Vec<Option<Tier>> = (0..program.steps.len()).map(|_| None).collect();
+        let done: Vec<Vec<(usize, Option<Tier>)>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut mine = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(step) = program.steps.get(i) else {
+                                return mine;
+                            };
+                            mine.push((i, tier_of(step)));
+                        }
+                    })
+                })
                 .collect();
             handles
                 .into_iter()
                 .map(|h| h.join().expect("a compile thread panicked"))
                 .collect()
-        })
+        });
+        for (i, tier) in done.into_iter().flatten() {
+            tiers[i] = tier;
+        }
+        tiers
     } else {
         program.steps.iter().map(tier_of).collect()
     };
