@@ -50,35 +50,21 @@ fn parse_header(text: &str) -> Result<Header, NpyError> {
     let (mut descr, mut fortran, mut shape) = (None, None, None);
     let mut rest = body.trim();
     while !rest.is_empty() {
-        let quote = rest.chars().next().filter(|c| *c == '\'' || *c == '"');
-        let Some(q) = quote else {
+        let Some((key, after)) = quoted(rest)? else {
             return format_err(format!("expected a quoted key at {rest:?}"));
         };
-        let end = rest[1..]
-            .find(q)
-            .ok_or_else(|| NpyError::Format("unterminated key".into()))?
-            + 1;
-        let key = &rest[1..end];
-        rest = rest[end + 1..].trim_start();
-        rest = rest
+        rest = after
+            .trim_start()
             .strip_prefix(':')
             .ok_or_else(|| NpyError::Format(format!("expected ':' after key {key:?}")))?
             .trim_start();
         match key {
             "descr" => {
-                let q = rest
-                    .chars()
-                    .next()
-                    .filter(|c| *c == '\'' || *c == '"')
-                    .ok_or_else(|| {
-                        NpyError::Unsupported("structured dtypes (descr is not a string)".into())
-                    })?;
-                let end = rest[1..]
-                    .find(q)
-                    .ok_or_else(|| NpyError::Format("unterminated descr".into()))?
-                    + 1;
-                descr = Some(rest[1..end].to_string());
-                rest = &rest[end + 1..];
+                let (text, after) = quoted(rest)?.ok_or_else(|| {
+                    NpyError::Unsupported("structured dtypes (descr is not a string)".into())
+                })?;
+                descr = Some(text.to_string());
+                rest = after;
             }
             "fortran_order" => {
                 if let Some(r) = rest.strip_prefix("True") {
@@ -95,10 +81,10 @@ fn parse_header(text: &str) -> Result<Header, NpyError> {
                 let inner = rest
                     .strip_prefix('(')
                     .ok_or_else(|| NpyError::Format("shape is not a tuple".into()))?;
-                let close = inner
-                    .find(')')
+                let (tuple, after) = inner
+                    .split_once(')')
                     .ok_or_else(|| NpyError::Format("unterminated shape tuple".into()))?;
-                let dims = inner[..close]
+                let dims = tuple
                     .split(',')
                     .map(str::trim)
                     .filter(|s| !s.is_empty())
@@ -109,7 +95,7 @@ fn parse_header(text: &str) -> Result<Header, NpyError> {
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 shape = Some(dims);
-                rest = &inner[close + 1..];
+                rest = after;
             }
             other => return format_err(format!("unknown header key {other:?}")),
         }
@@ -126,12 +112,29 @@ fn parse_header(text: &str) -> Result<Header, NpyError> {
     }
 }
 
+/// Splits a quoted Python string literal off the front of `text`: `Ok(None)` if `text` does not
+/// start with a quote, else the literal's contents and what follows the closing quote. Slicing
+/// happens only next to the one-byte quotes, so any text, whatever its characters, is safe.
+fn quoted(text: &str) -> Result<Option<(&str, &str)>, NpyError> {
+    let Some(quote) = text.chars().next().filter(|c| *c == '\'' || *c == '"') else {
+        return Ok(None);
+    };
+    let inner = &text[quote.len_utf8()..];
+    let end = inner
+        .find(quote)
+        .ok_or_else(|| NpyError::Format(format!("unterminated string at {text:?}")))?;
+    Ok(Some((&inner[..end], &inner[end + quote.len_utf8()..])))
+}
+
 /// Maps a numpy descr to a dtype and whether its bytes are big-endian.
 fn dtype_of(descr: &str) -> Result<(DType, bool), NpyError> {
-    let (order, code) = descr.split_at(descr.len().min(1));
+    // The byte-order mark is one character, which need not be one byte in a hostile header.
+    let mut chars = descr.chars();
+    let order = chars.next();
+    let code = chars.as_str();
     let big = match order {
-        "<" | "|" | "=" => false,
-        ">" => true,
+        Some('<' | '|' | '=') => false,
+        Some('>') => true,
         _ => return Err(NpyError::Unsupported(format!("dtype {descr:?}"))),
     };
     let dtype = match code {

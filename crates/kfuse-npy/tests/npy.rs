@@ -235,3 +235,50 @@ fn truncated_and_corrupted_files_are_errors() {
     }
     assert!(load_npz(&file("f32_c.npy")).is_err());
 }
+
+/// `.npy` bytes with `header` (padded as numpy pads it) followed by `data`.
+fn npy_with_header(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut header = header.to_string();
+    while !(10 + header.len() + 1).is_multiple_of(64) {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    bytes
+}
+
+#[test]
+fn headers_with_multi_byte_characters_are_errors_not_panics() {
+    let headers = [
+        // The byte-order mark of `descr` is where a byte index once split a character.
+        "{'descr': 'é4', 'fortran_order': False, 'shape': (1,), }",
+        "{'descr': '€', 'fortran_order': False, 'shape': (1,), }",
+        "{'descr': '<f€', 'fortran_order': False, 'shape': (1,), }",
+        "{'dé': '<f4', 'fortran_order': False, 'shape': (1,), }",
+        "{'descr': '<f4', 'fortran_order': Fałse, 'shape': (1,), }",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (１,), }",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (1,)€ }",
+        "{'descr': 'ü",
+        "{\"😀",
+    ];
+    for header in headers {
+        let bytes = npy_with_header(header, &[0; 4]);
+        let err = read_npy(bytes.as_slice()).unwrap_err();
+        assert!(
+            matches!(err, NpyError::Format(_) | NpyError::Unsupported(_)),
+            "{header}: {err}"
+        );
+    }
+    let err = read_npy(
+        npy_with_header(
+            "{'descr': 'é4', 'fortran_order': False, 'shape': (1,), }",
+            &[0; 4],
+        )
+        .as_slice(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("dtype \"é4\""), "{err}");
+}
