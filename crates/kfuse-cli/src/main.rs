@@ -403,10 +403,33 @@ fn run(
     engine: &EngineArgs,
 ) -> Result<()> {
     let mut graph = load_program(program)?;
+    // Archive members are checked against the program's input types from their headers, before
+    // their data is decompressed: a member of the wrong shape, or a large one the program does
+    // not take, costs nothing to refuse.
+    let declared: Vec<(String, kfuse::TensorType)> = graph
+        .inputs()
+        .map(|(_, name, ty)| (name.to_string(), ty.clone()))
+        .collect();
+    let expect = |unknown: fn(&str) -> String| {
+        let declared = &declared;
+        move |name: &str, found: &kfuse::TensorType| {
+            match declared.iter().find(|(n, _)| n == name)
+        {
+            None => Err(unknown(name)),
+            Some((_, want)) if want != found => Err(format!(
+                "input {name:?}: expected {want}, found {found} (in its header; the data was not read)"
+            )),
+            Some(_) => Ok(()),
+        }
+        }
+    };
     let mut frozen: Vec<(String, Array)> = Vec::new();
     for path in constants {
-        let arrays = kfuse::npy::load_npz(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let arrays = kfuse::npy::load_npz_checked(
+            path,
+            expect(|name| format!("the program has no input named `{name}`")),
+        )
+        .with_context(|| format!("cannot read {}", path.display()))?;
         for (name, array) in arrays {
             if frozen.iter().any(|(f, _)| *f == name) {
                 bail!("`{name}` is given twice in --constants");
@@ -419,8 +442,11 @@ fn run(
     }
     let mut inputs: Vec<(String, Array)> = Vec::new();
     for path in npz {
-        let arrays = kfuse::npy::load_npz(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let arrays = kfuse::npy::load_npz_checked(
+            path,
+            expect(|name| format!("{name:?} is not an input of this program")),
+        )
+        .with_context(|| format!("cannot read {}", path.display()))?;
         inputs.extend(arrays);
     }
     for binding in bindings {

@@ -110,6 +110,40 @@ fn inputs_can_come_from_an_npz_archive() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A member of the wrong shape, or one the program does not take, is refused from its header,
+/// before its data is decompressed.
+#[test]
+fn npz_members_are_checked_against_the_program_before_their_data() {
+    let dir = scratch("npz-shapes");
+    let case = programs().join("integers");
+    let program = case.join("program.kf");
+    let a = kfuse_npy::load_npy(&case.join("a.npy")).unwrap();
+    let wide = Array::from_vec(vec![5], vec![1i32, 2, 3, 4, 5]).unwrap();
+    kfuse_npy::save_npz(
+        &dir.join("wrong.npz"),
+        &[("a".into(), a.clone()), ("b".into(), wide.clone())],
+    )
+    .unwrap();
+    kfuse_npy::save_npz(&dir.join("stray.npz"), &[("z".into(), wide)]).unwrap();
+    let out = dir.join("out").display().to_string();
+    let wrong = dir.join("wrong.npz").display().to_string();
+    let stray = dir.join("stray.npz").display().to_string();
+    let p = program.to_str().unwrap();
+    fails_with(
+        &["run", p, "--inputs-npz", &wrong, "--output-dir", &out],
+        "b.npy: input \"b\": expected i32[4], found i32[5] (in its header; the data was not read)",
+    );
+    fails_with(
+        &["run", p, "--inputs-npz", &stray, "--output-dir", &out],
+        "z.npy: \"z\" is not an input of this program",
+    );
+    fails_with(
+        &["run", p, "--constants", &wrong, "--output-dir", &out],
+        "b.npy: input \"b\": expected i32[4], found i32[5]",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn check_prints_the_program_with_types() {
     let o = kfuse(&["check", programs().join("mlp/program.kf").to_str().unwrap()]);
