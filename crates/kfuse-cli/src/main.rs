@@ -172,6 +172,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    quit_quietly_on_closed_stdout();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run {
@@ -220,6 +221,19 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Lets a closed standard output end kfuse silently, as it ends other Unix tools: Rust starts
+/// programs with SIGPIPE ignored, so a write to a closed pipe fails and `print!` turns the
+/// failure into a panic ("failed printing to stdout"). With the default action restored,
+/// `kfuse check big.kf | head -1` ends when `head` does, with no message. Loops that must clean
+/// up before exiting (`kfuse mem govern`, `kfuse mem top`) ignore SIGPIPE again and stop on the
+/// write error instead.
+fn quit_quietly_on_closed_stdout() {
+    // SAFETY: setting a signal's disposition to its default touches no memory of this program.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

@@ -575,16 +575,31 @@ fn top(interval: f64, iterations: Option<u64>) -> Result<()> {
         std::thread::sleep(Duration::from_secs_f64(interval));
         let after = snapshot(&ksm)?;
         let r = rates(&before, &after);
+        let mut screen = String::new();
         if clear {
-            print!("\x1b[H\x1b[2J");
+            screen += "\x1b[H\x1b[2J";
         }
-        println!("kfuse mem top (every {interval} s, ctrl-c to stop)");
-        print!("{}", status_text(&after, &r));
-        std::io::stdout().flush()?;
+        screen += &format!("kfuse mem top (every {interval} s, ctrl-c to stop)\n");
+        screen += &status_text(&after, &r);
+        if !emit(&screen)? {
+            break;
+        }
         before = after;
         n += 1;
     }
     Ok(())
+}
+
+/// Writes `text` to standard output at once; `Ok(false)` when the reader has gone (a closed
+/// pipe, as in `kfuse mem govern | head -1`), which ends a loop as SIGINT does, so the loop can
+/// put back what it changed and exit quietly.
+fn emit(text: &str) -> Result<bool> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn run(command: &[String]) -> Result<()> {
@@ -616,9 +631,9 @@ fn govern(config: GovernorConfig, interval: f64, duration: Option<f64>, json: bo
     let page = sys::page_size() as u64;
     loop {
         let tick = governor.tick()?;
-        if json {
-            println!(
-                "{}",
+        let text = if json {
+            format!(
+                "{}\n",
                 json!({
                     "seconds": start.elapsed().as_secs_f64(),
                     "running": tick.running,
@@ -630,11 +645,11 @@ fn govern(config: GovernorConfig, interval: f64, duration: Option<f64>, json: bo
                     "scan_rate": tick.scan_rate,
                     "events": tick.events.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
                 })
-            );
+            )
         } else {
             let saved = Savings::from_counters(&tick.sample.counters, page);
-            println!(
-                "[{:6.1} s] {} pages_to_scan {:6}  mergeable {}  saved {}  ksmd {}",
+            let mut text = format!(
+                "[{:6.1} s] {} pages_to_scan {:6}  mergeable {}  saved {}  ksmd {}\n",
                 start.elapsed().as_secs_f64(),
                 if tick.running { "merging" } else { "idle   " },
                 tick.pages_to_scan,
@@ -644,10 +659,13 @@ fn govern(config: GovernorConfig, interval: f64, duration: Option<f64>, json: bo
                     .map_or("n/a".into(), |f| format!("{:.1}% CPU", 100.0 * f)),
             );
             for event in &tick.events {
-                println!("           {event}");
+                text += &format!("           {event}\n");
             }
+            text
+        };
+        if !emit(&text)? {
+            break;
         }
-        std::io::stdout().flush()?;
         let deadline = Instant::now() + Duration::from_secs_f64(interval);
         while Instant::now() < deadline && !sys::stop_requested() {
             std::thread::sleep(Duration::from_millis(20));

@@ -144,6 +144,55 @@ fn npz_members_are_checked_against_the_program_before_their_data() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A reader that stops early (`kfuse check big.kf | head -1`) ends kfuse quietly, as it ends any
+/// Unix tool: no panic about failed printing, and either success or death by SIGPIPE.
+#[test]
+fn a_closed_standard_output_ends_kfuse_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::ExitStatusExt;
+    let dir = scratch("closed-stdout");
+    let program = dir.join("chain.kf");
+    // Thousands of lines of output, far more than a pipe holds, so kfuse is still writing when
+    // the reader goes.
+    let mut text = String::from("%x = input() name=\"x\" : f32[4]\n%a0 = add(%x, %x)\n");
+    for i in 1..6000 {
+        text += &format!("%a{i} = add(%a{}, %x)\n", i - 1);
+    }
+    text += "output \"y\" = %a5999\n";
+    std::fs::write(&program, text).unwrap();
+    let p = program.to_str().unwrap();
+    let commands: [&[&str]; 2] = [
+        &["check", p],
+        &["explain", p, "--cost-model", "fixed", "--fuse", "none"],
+    ];
+    for args in commands {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kfuse"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        // The reader, and with it the pipe's only read end, is dropped after one line.
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert!(!first.is_empty(), "{args:?} printed nothing");
+        let out = child.wait_with_output().unwrap();
+        let err = stderr(&out);
+        assert!(
+            !err.contains("panicked") && !err.contains("Broken pipe"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+            "{args:?}: {:?} {err}",
+            out.status
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn check_prints_the_program_with_types() {
     let o = kfuse(&["check", programs().join("mlp/program.kf").to_str().unwrap()]);

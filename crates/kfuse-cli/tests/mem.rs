@@ -317,6 +317,45 @@ fn the_governor_stops_merging_for_an_outsider_and_names_it() {
     );
 }
 
+/// `kfuse mem govern | head -1`: when the reader goes, the governor stops as on SIGINT, puts
+/// back every knob it changed and exits quietly, long before its `--duration`.
+#[test]
+fn the_governor_restores_its_knobs_when_its_reader_goes() {
+    let Some((ksm, _lock)) = root_and_ksm("the_governor_restores_its_knobs_when_its_reader_goes")
+    else {
+        return;
+    };
+    let before = ksm.settings().unwrap();
+    // Mergeable memory, so that the governor turns merging on and has a knob to put back.
+    let holder = Holder::start(&["--mib", "1", "--seed", "9", "--merge"], None);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kfuse"))
+        .args(["mem", "govern", "--json", "--interval", "0.05"])
+        .args(["--duration", "60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let tick: serde_json::Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(tick["running"], true, "{first}");
+    let closed = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        closed.elapsed() < Duration::from_secs(20),
+        "the governor ran on for {:?} after its reader went",
+        closed.elapsed()
+    );
+    let err = stderr(&out);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("restored"), "{err}");
+    drop(holder);
+    assert_eq!(ksm.settings().unwrap(), before, "every knob is back");
+}
+
 #[test]
 fn the_demo_shares_weights_through_ksm_and_the_pool() {
     let out = kfuse(&["mem", "demo", "--workers", "2", "--mib", "4"]);

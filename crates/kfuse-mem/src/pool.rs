@@ -696,9 +696,7 @@ impl Handle {
         let length = (text.len() as u64).to_le_bytes();
         let fds: Vec<_> = self.segments.iter().map(|f| f.as_raw_fd()).collect();
         sys::send_with_fds(stream, &length, &fds).map_err(|e| MemError::Os("sendmsg".into(), e))?;
-        let mut writer = stream;
-        writer
-            .write_all(text.as_bytes())
+        sys::send_all(stream, text.as_bytes())
             .map_err(|e| MemError::Os("sending a pool handle".into(), e))
     }
 

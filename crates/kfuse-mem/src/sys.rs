@@ -328,6 +328,31 @@ pub fn send_with_fds(stream: &UnixStream, payload: &[u8], fds: &[RawFd]) -> io::
     Ok(())
 }
 
+/// Writes all of `bytes` to a connected socket without raising SIGPIPE if the peer has gone
+/// (`MSG_NOSIGNAL`): a program that keeps SIGPIPE's default action gets an error, not death.
+pub fn send_all(stream: &UnixStream, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        // SAFETY: send reads at most `bytes.len()` bytes from a live buffer.
+        let sent = unsafe {
+            libc::send(
+                stream.as_raw_fd(),
+                bytes.as_ptr() as *const libc::c_void,
+                bytes.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if sent < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        bytes = &bytes[sent as usize..];
+    }
+    Ok(())
+}
+
 /// Receives one message of at most `max_payload` bytes and the descriptors attached to it.
 pub fn recv_with_fds(
     stream: &UnixStream,
@@ -450,13 +475,19 @@ extern "C" fn request_stop(_signal: libc::c_int) {
 }
 
 /// Makes SIGINT and SIGTERM set a flag instead of killing the process, so a long-running loop
-/// (the governor, `mem top`) can stop cleanly and restore what it changed.
+/// (the governor, `mem top`) can stop cleanly and restore what it changed. SIGPIPE is ignored,
+/// so that a reader closing the loop's output shows as a write error the loop can stop on,
+/// rather than killing it with knobs still changed.
 pub fn install_stop_handlers() {
     for signal in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe {
             libc::signal(signal, request_stop as *const () as libc::sighandler_t);
         }
+    }
+    // SAFETY: ignoring a signal touches no memory of this program.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
 }
 
