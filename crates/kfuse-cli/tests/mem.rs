@@ -411,4 +411,15 @@ fn bad_input_gets_clear_errors() {
         assert!(stderr(&out).contains(message), "{args:?}: {}", stderr(&out));
         assert!(!stderr(&out).contains("panicked"), "{args:?}");
     }
+    // Without a security module that labels processes, every process would read as
+    // `unconfined`, so a label domain is refused rather than admitting everyone.
+    if Procfs::system().check_labels().is_err() {
+        let out = kfuse(&["mem", "audit", "--domain", "label"]);
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains("none is loaded here"),
+            "{}",
+            stderr(&out)
+        );
+    }
 }

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::ksm::{Counters, Knob, KnobGuard, Ksm, KsmVmstat, Pressure, Run};
-use crate::process::{Domain, ProcessKsm, Procfs};
+use crate::process::{Domain, DomainKind, ProcessKsm, Procfs};
 use crate::{sys, MemError};
 
 /// Visits of ksmd a page needs before it merges: its checksum is recorded, then found unchanged
@@ -236,6 +236,13 @@ impl Governor {
                 "no KSM at {} (kernel built without CONFIG_KSM?)",
                 ksm.root().display()
             )));
+        }
+        if config
+            .admit
+            .as_ref()
+            .is_some_and(|d| d.kind() == DomainKind::Label)
+        {
+            procfs.check_labels()?;
         }
         if !(config.cpu_cap > 0.0 && config.target_merge_seconds > 0.0) {
             return Err(MemError::Usage(

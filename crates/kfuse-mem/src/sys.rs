@@ -275,6 +275,96 @@ pub fn peer_credentials(stream: &UnixStream) -> io::Result<(u32, u32, i32)> {
     Ok((cred.uid, cred.gid, cred.pid))
 }
 
+/// `SO_PEERPIDFD` (Linux 6.5): a pidfd of the process that connected. The asm-generic value,
+/// which x86-64 and arm64 use; not yet in every libc.
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// A process pinned by a pidfd: the descriptor keeps referring to that very process, whatever
+/// later process is given its pid. Facts read from `/proc/<pid>` belong to the pinned process if
+/// it is still there once they have been read, since a pid is reused only after its process is
+/// gone.
+pub struct PinnedProcess {
+    pid: i32,
+    pidfd: OwnedFd,
+}
+
+impl PinnedProcess {
+    /// Pins the process at the other end of a Unix socket, whose pid `SO_PEERCRED` gave as `pid`.
+    /// The kernel's own pidfd of the connecting process is used where it has one
+    /// (`SO_PEERPIDFD`); elsewhere the pid is opened at once (`pidfd_open`, Linux 5.3), which
+    /// leaves only the moment since the peer connected for its pid to be reused. Fails with
+    /// `ESRCH` if the peer is already gone.
+    pub fn peer(stream: &UnixStream, pid: i32) -> io::Result<PinnedProcess> {
+        let mut fd: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `fd`.
+        let peer = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERPIDFD,
+                &mut fd as *mut libc::c_int as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        if peer == 0 && fd >= 0 {
+            // SAFETY: a fresh descriptor the kernel gave us.
+            let pidfd = unsafe { OwnedFd::from_raw_fd(fd) };
+            return Ok(PinnedProcess { pid, pidfd });
+        }
+        let error = io::Error::last_os_error();
+        match error.raw_os_error() {
+            // A kernel before 6.5: open the pid while the peer is most likely still there.
+            Some(libc::ENOPROTOOPT) => PinnedProcess::open(pid),
+            // The kernel knows the option but has no process to give: the peer is gone, and
+            // opening its pid could pin a stranger.
+            Some(libc::EINVAL | libc::ESRCH) => Err(io::Error::from_raw_os_error(libc::ESRCH)),
+            _ => Err(error),
+        }
+    }
+
+    /// Pins the process that has `pid` now (`pidfd_open`).
+    pub fn open(pid: i32) -> io::Result<PinnedProcess> {
+        // SAFETY: pidfd_open takes integers and returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor the kernel gave us.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        Ok(PinnedProcess { pid, pidfd })
+    }
+
+    /// The pid the process had when it was pinned.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Whether the pinned process has not yet been reaped, so that its pid still names it.
+    pub fn still_there(&self) -> io::Result<bool> {
+        // SAFETY: signal 0 only checks that the process exists; no signal is sent.
+        let result = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.pidfd.as_raw_fd(),
+                0,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if result == 0 {
+            return Ok(true);
+        }
+        let error = io::Error::last_os_error();
+        match error.raw_os_error() {
+            Some(libc::ESRCH) => Ok(false),
+            // Not allowed to signal it, which means it exists.
+            Some(libc::EPERM) => Ok(true),
+            _ => Err(error),
+        }
+    }
+}
+
 /// The most descriptors one message carries.
 pub const MAX_FDS: usize = 253;
 

@@ -12,6 +12,7 @@ use kfuse_mem::governor::{Event, Governor, GovernorConfig, OutsiderAction};
 use kfuse_mem::ksm::{Knob, KnobGuard, Ksm};
 use kfuse_mem::process::{Domain, Procfs};
 use kfuse_mem::sys::{self, Region};
+use kfuse_mem::MemError;
 
 /// A synthetic machine: a KSM directory and a `/proc` the test rewrites between ticks.
 struct Machine {
@@ -365,4 +366,37 @@ fn scans_before_the_governor_started_do_not_count_against_merging() {
     m.counters(600_000, 14, 0, -4096);
     let tick = g.tick_at(t0 + Duration::from_secs(5)).unwrap();
     assert!(!tick.running, "four scans later it does not pay");
+}
+
+#[test]
+fn label_domains_need_a_security_module_and_then_name_outsiders_by_label() {
+    let m = Machine::new("labels");
+    let config = GovernorConfig {
+        admit: Some("label:tenant_t".parse().unwrap()),
+        ..GovernorConfig::default()
+    };
+    // This /proc has no readable `self/attr/current`, as on a kernel without SELinux, AppArmor
+    // or Smack, where every process would count as `unconfined`.
+    let err = Governor::with(config.clone(), m.ksm(), m.procfs())
+        .err()
+        .expect("a label domain without a security module is refused");
+    assert!(matches!(err, MemError::Unsupported(_)), "{err}");
+    assert!(err.to_string().contains("read as `unconfined`"), "{err}");
+    m.process(100, "tenant", 1000, 64 * 1024, 0);
+    m.process(200, "stranger", 1000, 64 * 1024, 0);
+    for (pid, label) in [("self", "kfuse_t"), ("100", "tenant_t"), ("200", "other_t")] {
+        fs::create_dir_all(m.dir.join(format!("proc/{pid}/attr"))).unwrap();
+        m.write(&format!("proc/{pid}/attr/current"), &format!("{label}\0"));
+    }
+    let mut g = governor(&m, config);
+    let tick = g.tick_at(Instant::now()).unwrap();
+    let outsiders: Vec<(u32, String)> = tick
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Outsider { pid, domain, .. } => Some((*pid, domain.to_string())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(outsiders, vec![(200, "label:other_t".to_string())]);
 }
