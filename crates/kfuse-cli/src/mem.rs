@@ -921,7 +921,9 @@ fn demo_kernel_ksm(workers: usize, mib_each: usize) -> Result<()> {
         );
         return Ok(());
     }
-    let _lock = ksm.lock()?;
+    // The demo changes knobs itself around the governor's run, so it takes the lock first and
+    // lends it to the governor.
+    let lock = ksm.lock()?;
     let args = vec![
         "--mib".to_string(),
         mib_each.to_string(),
@@ -942,7 +944,7 @@ fn demo_kernel_ksm(workers: usize, mib_each: usize) -> Result<()> {
         min_profit_bytes: 0,
         ..GovernorConfig::default()
     };
-    let mut governor = Governor::new(config)?;
+    let mut governor = Governor::holding(lock, config, Ksm::system(), Procfs::system())?;
     let start = Instant::now();
     let want = (workers * (mib_each << 20)) as u64 * 95 / 100;
     let mut last_tick = Instant::now() - Duration::from_secs(1);

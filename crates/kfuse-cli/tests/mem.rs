@@ -27,7 +27,36 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-fn root_and_ksm(test: &str) -> Option<(Ksm, sys::FileLock)> {
+/// Serializes this binary's tests that change KSM settings; the machine-wide KSM lock
+/// serializes them with other programs.
+static KSM_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A test's turn at the system's KSM: this binary's other KSM tests wait, and the machine-wide
+/// lock is held except while a governor the test starts holds it.
+struct Turn {
+    ksm: Ksm,
+    lock: Option<sys::FileLock>,
+    _tests: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Turn {
+    /// Runs `start`, which starts a governor, with the machine-wide lock released for the
+    /// governor to take; if another program took it first (the governor says who holds it),
+    /// waits for that program and tries again.
+    fn with_lock_released<T>(&mut self, mut start: impl FnMut() -> (T, String)) -> T {
+        for _ in 0..20 {
+            self.lock = None;
+            let (result, stderr) = start();
+            self.lock = Some(self.ksm.lock().unwrap());
+            if !stderr.contains("holds the KSM lock") {
+                return result;
+            }
+        }
+        panic!("the KSM lock stayed with other programs");
+    }
+}
+
+fn root_and_ksm(test: &str) -> Option<Turn> {
     let ksm = Ksm::system();
     if !ksm.available() {
         eprintln!("SKIPPED {test}: this kernel has no KSM");
@@ -39,8 +68,13 @@ fn root_and_ksm(test: &str) -> Option<(Ksm, sys::FileLock)> {
         );
         return None;
     }
+    let tests = KSM_TESTS.lock().unwrap_or_else(|e| e.into_inner());
     let lock = ksm.lock().unwrap();
-    Some((ksm, lock))
+    Some(Turn {
+        ksm,
+        lock: Some(lock),
+        _tests: tests,
+    })
 }
 
 /// A `kfuse mem hold` process; it exits when dropped (its stdin closes).
@@ -203,11 +237,11 @@ fn merge_all(ksm: &Ksm, holders: &[&Holder], bytes_each: u64) -> KnobGuard {
 
 #[test]
 fn the_audit_flags_pages_shared_across_users_and_nothing_else() {
-    let Some((ksm, _lock)) =
-        root_and_ksm("the_audit_flags_pages_shared_across_users_and_nothing_else")
+    let Some(turn) = root_and_ksm("the_audit_flags_pages_shared_across_users_and_nothing_else")
     else {
         return;
     };
+    let ksm = &turn.ksm;
     let before = ksm.settings().unwrap();
     let mib = 2u64;
     // Seed 5 is held by root and by nobody; seed 6 by two root processes.
@@ -215,7 +249,7 @@ fn the_audit_flags_pages_shared_across_users_and_nothing_else() {
     let nobody = Holder::start(&["--mib", "2", "--seed", "5", "--merge"], Some(NOBODY));
     let root_b = Holder::start(&["--mib", "2", "--seed", "6", "--merge"], None);
     let root_c = Holder::start(&["--mib", "2", "--seed", "6", "--merge"], None);
-    let mut guard = merge_all(&ksm, &[&root_a, &nobody, &root_b, &root_c], mib << 20);
+    let mut guard = merge_all(ksm, &[&root_a, &nobody, &root_b, &root_c], mib << 20);
     let out = kfuse(&["mem", "audit", "--json", "--threshold", "64"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -261,14 +295,13 @@ fn the_audit_flags_pages_shared_across_users_and_nothing_else() {
 
 #[test]
 fn the_governor_stops_merging_for_an_outsider_and_names_it() {
-    let Some((ksm, _lock)) =
-        root_and_ksm("the_governor_stops_merging_for_an_outsider_and_names_it")
+    let Some(mut turn) = root_and_ksm("the_governor_stops_merging_for_an_outsider_and_names_it")
     else {
         return;
     };
-    let before = ksm.settings().unwrap();
+    let before = turn.ksm.settings().unwrap();
     let insider = Holder::start(&["--mib", "1", "--seed", "7", "--merge"], None);
-    let governed = |extra: &[&str]| {
+    let mut governed = |extra: &[&str]| {
         let mut args = vec![
             "mem",
             "govern",
@@ -281,7 +314,11 @@ fn the_governor_stops_merging_for_an_outsider_and_names_it() {
             "0.5",
         ];
         args.extend_from_slice(extra);
-        let out = kfuse(&args);
+        let out = turn.with_lock_released(|| {
+            let out = kfuse(&args);
+            let err = stderr(&out);
+            (out, err)
+        });
         assert!(out.status.success(), "{}", stderr(&out));
         let ticks: Vec<serde_json::Value> = stdout(&out)
             .lines()
@@ -311,7 +348,7 @@ fn the_governor_stops_merging_for_an_outsider_and_names_it() {
         .any(|e| e.contains(&format!("process {} ", insider.pid()))));
     drop((insider, outsider));
     assert_eq!(
-        ksm.settings().unwrap(),
+        turn.ksm.settings().unwrap(),
         before,
         "the governor restored every knob"
     );
@@ -321,24 +358,33 @@ fn the_governor_stops_merging_for_an_outsider_and_names_it() {
 /// back every knob it changed and exits quietly, long before its `--duration`.
 #[test]
 fn the_governor_restores_its_knobs_when_its_reader_goes() {
-    let Some((ksm, _lock)) = root_and_ksm("the_governor_restores_its_knobs_when_its_reader_goes")
+    let Some(mut turn) = root_and_ksm("the_governor_restores_its_knobs_when_its_reader_goes")
     else {
         return;
     };
-    let before = ksm.settings().unwrap();
+    let before = turn.ksm.settings().unwrap();
     // Mergeable memory, so that the governor turns merging on and has a knob to put back.
     let holder = Holder::start(&["--mib", "1", "--seed", "9", "--merge"], None);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kfuse"))
-        .args(["mem", "govern", "--json", "--interval", "0.05"])
-        .args(["--duration", "60"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
+    let (child, first) = turn.with_lock_released(|| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kfuse"))
+            .args(["mem", "govern", "--json", "--interval", "0.05"])
+            .args(["--duration", "60"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        if !first.is_empty() {
+            return ((Some(child), first), String::new());
+        }
+        // Refused: nothing on standard output, the reason on standard error.
+        let out = child.wait_with_output().unwrap();
+        ((None, first), stderr(&out))
+    });
+    let child = child.expect("the governor started");
     let tick: serde_json::Value = serde_json::from_str(&first).unwrap();
     assert_eq!(tick["running"], true, "{first}");
     let closed = Instant::now();
@@ -353,7 +399,24 @@ fn the_governor_restores_its_knobs_when_its_reader_goes() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(err.contains("restored"), "{err}");
     drop(holder);
-    assert_eq!(ksm.settings().unwrap(), before, "every knob is back");
+    assert_eq!(turn.ksm.settings().unwrap(), before, "every knob is back");
+}
+
+/// While a program holds the machine-wide KSM lock (here this test), a governor is refused and
+/// told who holds it.
+#[test]
+fn a_governor_is_refused_while_another_holds_the_ksm_lock() {
+    let Some(_turn) = root_and_ksm("a_governor_is_refused_while_another_holds_the_ksm_lock") else {
+        return;
+    };
+    let out = kfuse(&["mem", "govern", "--duration", "0.1", "--interval", "0.05"]);
+    assert!(!out.status.success());
+    let holder = format!("pid {} ", std::process::id());
+    assert!(
+        stderr(&out).contains(&holder) && stderr(&out).contains("holds the KSM lock"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

@@ -169,6 +169,9 @@ pub struct Features {
 pub struct Ksm {
     root: PathBuf,
     proc_root: PathBuf,
+    /// Where the lock lives for a copy; `None` for the system's KSM, whose lock is
+    /// machine-wide.
+    state_dir: Option<PathBuf>,
 }
 
 impl Default for Ksm {
@@ -183,14 +186,18 @@ impl Ksm {
         Ksm {
             root: PathBuf::from(SYSFS_KSM),
             proc_root: PathBuf::from("/proc"),
+            state_dir: None,
         }
     }
 
     /// KSM read from other directories: `root` in place of `/sys/kernel/mm/ksm` and `proc_root`
-    /// in place of `/proc` (used by tests that must not touch the machine).
+    /// in place of `/proc` (used by tests that must not touch the machine). Its lock lives in
+    /// `root/.kfuse`, so a copy never contends with the machine's KSM.
     pub fn at(root: impl Into<PathBuf>, proc_root: impl Into<PathBuf>) -> Ksm {
+        let root = root.into();
         Ksm {
-            root: root.into(),
+            state_dir: Some(root.join(".kfuse")),
+            root,
             proc_root: proc_root.into(),
         }
     }
@@ -366,15 +373,53 @@ impl Ksm {
         cpu_seconds_from_stat(&stat)
     }
 
-    /// Takes the machine-wide lock that serializes programs changing KSM settings.
-    pub fn lock(&self) -> Result<sys::FileLock, MemError> {
+    /// The lock file that serializes programs changing these KSM settings:
+    /// `/run/lock/kfuse-ksm.lock` for the system's (in the temporary directory where there is no
+    /// `/run/lock`), `root/.kfuse/ksm.lock` for a copy.
+    pub fn lock_path(&self) -> Result<PathBuf, MemError> {
+        if let Some(dir) = &self.state_dir {
+            fs::create_dir_all(dir).map_err(|e| MemError::io(dir, e))?;
+            return Ok(dir.join("ksm.lock"));
+        }
         let path = Path::new("/run/lock/kfuse-ksm.lock");
-        let path = if path.parent().is_some_and(|p| p.exists()) {
+        Ok(if path.parent().is_some_and(|p| p.exists()) {
             path.to_path_buf()
         } else {
             std::env::temp_dir().join("kfuse-ksm.lock")
-        };
+        })
+    }
+
+    /// Takes the machine-wide lock that serializes programs changing KSM settings, waiting for
+    /// its holder to finish.
+    pub fn lock(&self) -> Result<sys::FileLock, MemError> {
+        let path = self.lock_path()?;
         sys::FileLock::exclusive(&path).map_err(|e| MemError::io(&path, e))
+    }
+
+    /// Takes the machine-wide KSM lock if nobody holds it; otherwise refuses, naming the
+    /// holder's pid, since two programs steering ksmd at once undo each other's settings.
+    pub fn try_lock(&self) -> Result<sys::FileLock, MemError> {
+        let path = self.lock_path()?;
+        match sys::FileLock::try_exclusive(&path) {
+            Ok(lock) => Ok(lock),
+            Err(sys::LockError::Io(e)) => Err(MemError::io(&path, e)),
+            Err(sys::LockError::Held(holder)) => {
+                let who = match holder {
+                    Some(pid) => {
+                        let name = fs::read_to_string(format!("/proc/{pid}/comm"))
+                            .map(|n| format!(" ({})", n.trim()))
+                            .unwrap_or_default();
+                        format!("pid {pid}{name}")
+                    }
+                    None => "another process".to_string(),
+                };
+                Err(MemError::Refused(format!(
+                    "{who} holds the KSM lock {}: another governor, or a program changing KSM \
+                     settings, is running",
+                    path.display()
+                )))
+            }
+        }
     }
 }
 

@@ -496,22 +496,72 @@ pub fn recv_with_fds(
 }
 
 /// Holds an exclusive `flock` on a file until dropped: serializes everything that changes the
-/// machine-wide KSM settings (tests, the governor, the demo).
+/// machine-wide KSM settings (tests, the governor, the demo). The holder writes its pid into
+/// the file, so that a program refused the lock can say who has it.
 pub struct FileLock {
     _file: File,
 }
 
+/// Why [`FileLock::try_exclusive`] did not get the lock.
+#[derive(Debug)]
+pub enum LockError {
+    /// Another open file description holds it; the pid its holder wrote, if it did.
+    Held(Option<u32>),
+    /// The file could not be opened or locked.
+    Io(io::Error),
+}
+
 impl FileLock {
-    /// Blocks until the lock on `path` (created if missing) is ours.
-    pub fn exclusive(path: &std::path::Path) -> io::Result<FileLock> {
-        let file = std::fs::OpenOptions::new()
+    /// Opens the lock file without following a symbolic link, since it may lie in a directory
+    /// anyone can write (`/run/lock`, the temporary directory).
+    fn open(path: &std::path::Path) -> io::Result<File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
+            .read(true)
             .write(true)
-            .open(path)?;
-        // SAFETY: flock on a descriptor we hold.
-        check(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) })?;
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+    }
+
+    /// Records this process as the holder.
+    fn taken(mut file: File) -> io::Result<FileLock> {
+        use std::io::{Seek, Write};
+        file.set_len(0)?;
+        file.rewind()?;
+        writeln!(file, "{}", std::process::id())?;
         Ok(FileLock { _file: file })
+    }
+
+    /// Blocks until the lock on `path` (created if missing) is ours.
+    pub fn exclusive(path: &std::path::Path) -> io::Result<FileLock> {
+        let file = FileLock::open(path)?;
+        loop {
+            // SAFETY: flock on a descriptor we hold.
+            match check(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) }) {
+                Ok(_) => return FileLock::taken(file),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Takes the lock on `path` (created if missing) if nobody holds it, without waiting.
+    pub fn try_exclusive(path: &std::path::Path) -> Result<FileLock, LockError> {
+        let file = FileLock::open(path).map_err(LockError::Io)?;
+        // SAFETY: flock on a descriptor we hold.
+        match check(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }) {
+            Ok(_) => FileLock::taken(file).map_err(LockError::Io),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let holder = std::fs::read_to_string(path)
+                    .ok()
+                    .and_then(|text| text.trim().parse().ok());
+                Err(LockError::Held(holder))
+            }
+            Err(e) => Err(LockError::Io(e)),
+        }
     }
 }
 

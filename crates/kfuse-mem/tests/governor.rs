@@ -296,7 +296,7 @@ fn time_to_merge(seed: u64, pages: usize, mut drive: impl FnMut()) -> f64 {
 
 #[test]
 fn the_governor_converges_faster_than_the_kernel_defaults_at_bounded_cpu() {
-    let Some((ksm, _lock)) =
+    let Some((ksm, lock)) =
         ksm_or_skip("the_governor_converges_faster_than_the_kernel_defaults_at_bounded_cpu")
     else {
         return;
@@ -320,12 +320,11 @@ fn the_governor_converges_faster_than_the_kernel_defaults_at_bounded_cpu() {
         min_profit_bytes: 0,
         ..GovernorConfig::default()
     };
-    let mut governor = Governor::new(config).unwrap();
+    let mut governor = Governor::holding(lock, config, ksm.clone(), Procfs::system()).unwrap();
     let mut ticks = Vec::new();
     let governed = time_to_merge(2 << 40, pages, || ticks.push(governor.tick().unwrap()));
     let cpu = ksm.ksmd_cpu_seconds().unwrap() - cpu_before;
-    governor.restore().unwrap();
-    drop(governor);
+    let _lock = governor.into_lock().unwrap();
     eprintln!(
         "32 MiB of duplicated pages merged in {defaults:.2} s at the kernel defaults and \
          {governed:.2} s governed; ksmd used {:.0}% of a core while governed (cap {:.0}%)",
@@ -399,4 +398,22 @@ fn label_domains_need_a_security_module_and_then_name_outsiders_by_label() {
         })
         .collect();
     assert_eq!(outsiders, vec![(200, "label:other_t".to_string())]);
+}
+
+#[test]
+fn a_second_governor_is_refused_and_told_the_first_ones_pid() {
+    let m = Machine::new("second");
+    let first = governor(&m, GovernorConfig::default());
+    let err = Governor::with(GovernorConfig::default(), m.ksm(), m.procfs())
+        .err()
+        .expect("a second governor of the same KSM is refused");
+    assert!(matches!(err, MemError::Refused(_)), "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("pid {} ", std::process::id())),
+        "{err}"
+    );
+    // The lock goes with the first governor, and a new one may start.
+    drop(first);
+    governor(&m, GovernorConfig::default());
 }
