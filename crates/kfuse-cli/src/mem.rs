@@ -12,7 +12,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Subcommand;
 use kfuse_mem::audit::{AuditReport, Auditor};
 use kfuse_mem::governor::{Governor, GovernorConfig, OutsiderAction};
-use kfuse_mem::ksm::{Counters, Features, Knob, Ksm, KsmVmstat, Savings};
+use kfuse_mem::ksm::{Counters, Features, Knob, Ksm, KsmVmstat, Recovery, Savings};
 use kfuse_mem::metrics::Exposition;
 use kfuse_mem::pool::{Handle, Pool, PoolOptions};
 use kfuse_mem::process::{Domain, DomainKind, ProcessKsm, Procfs};
@@ -78,6 +78,9 @@ pub enum MemCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Put back KSM settings that a kfuse process changed and could not restore because it was
+    /// killed (needs root). Every other `kfuse mem` command run as root does this first too.
+    Restore,
     /// Find KSM pages mapped by processes of different security domains (needs root).
     Audit {
         /// How processes are grouped into domains.
@@ -123,6 +126,12 @@ pub enum MemCommand {
 
 pub fn mem(command: MemCommand) -> Result<()> {
     match command {
+        // The worker runs many times over in the demo and the tests; it changes no setting.
+        MemCommand::Hold { .. } | MemCommand::Restore => {}
+        _ => recover_abandoned_knobs(),
+    }
+    match command {
+        MemCommand::Restore => restore(),
         MemCommand::Status {
             json,
             prometheus,
@@ -171,6 +180,68 @@ pub fn mem(command: MemCommand) -> Result<()> {
             pool,
         } => hold(mib, seed, merge, pool.as_deref()),
     }
+}
+
+/// The knobs of a record, as `name=value` words.
+fn knob_list(knobs: &[(Knob, String)]) -> String {
+    knobs
+        .iter()
+        .map(|(knob, value)| format!("{}={value}", knob.file()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Puts back KSM knobs that a kfuse process recorded before changing them and never restored
+/// (a governor killed by SIGKILL cannot clean up after itself), saying so on standard error.
+/// Needs root and the KSM lock; a busy lock means a program is at work on KSM, and is told.
+fn recover_abandoned_knobs() {
+    let ksm = Ksm::system();
+    if !sys::is_root() || !ksm.available() || !ksm.record_path().exists() {
+        return;
+    }
+    let _lock = match ksm.try_lock() {
+        Ok(lock) => lock,
+        Err(e) => {
+            eprintln!(
+                "note: KSM settings changed by an earlier kfuse may wait to be put back ({e})"
+            );
+            return;
+        }
+    };
+    match ksm.recover() {
+        Ok(Recovery::Restored(record)) => eprintln!(
+            "note: put back KSM settings that pid {} changed and could not restore: {}",
+            record.pid,
+            knob_list(&record.knobs)
+        ),
+        Ok(Recovery::Nothing | Recovery::WriterRunning(_)) => {}
+        Err(e) => {
+            eprintln!("warning: could not put back KSM settings left by an earlier kfuse: {e}")
+        }
+    }
+}
+
+fn restore() -> Result<()> {
+    let ksm = Ksm::system();
+    if !sys::is_root() {
+        bail!(
+            "putting back KSM settings writes /sys/kernel/mm/ksm and reads {}: it needs root",
+            ksm.record_path().display()
+        );
+    }
+    let _lock = ksm.try_lock()?;
+    match ksm.recover()? {
+        Recovery::Nothing => println!("no KSM settings wait to be put back"),
+        Recovery::WriterRunning(pid) => bail!(
+            "pid {pid} changed the KSM settings and still runs: it puts them back when it stops"
+        ),
+        Recovery::Restored(record) => println!(
+            "put back the KSM settings pid {} changed: {}",
+            record.pid,
+            knob_list(&record.knobs)
+        ),
+    }
+    Ok(())
 }
 
 /// One reading of everything `status` shows.

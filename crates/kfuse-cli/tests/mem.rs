@@ -42,17 +42,25 @@ struct Turn {
 impl Turn {
     /// Runs `start`, which starts a governor, with the machine-wide lock released for the
     /// governor to take; if another program took it first (the governor says who holds it),
-    /// waits for that program and tries again.
+    /// waits for that program and tries again. The lock stays released until
+    /// [`Turn::relock`], since a governor that is still running holds it.
     fn with_lock_released<T>(&mut self, mut start: impl FnMut() -> (T, String)) -> T {
         for _ in 0..20 {
             self.lock = None;
             let (result, stderr) = start();
-            self.lock = Some(self.ksm.lock().unwrap());
             if !stderr.contains("holds the KSM lock") {
                 return result;
             }
+            self.relock();
         }
         panic!("the KSM lock stayed with other programs");
+    }
+
+    /// Takes the machine-wide lock back, once the governors the test started have exited.
+    fn relock(&mut self) {
+        if self.lock.is_none() {
+            self.lock = Some(self.ksm.lock().unwrap());
+        }
     }
 }
 
@@ -319,6 +327,7 @@ fn the_governor_stops_merging_for_an_outsider_and_names_it() {
             let err = stderr(&out);
             (out, err)
         });
+        turn.relock();
         assert!(out.status.success(), "{}", stderr(&out));
         let ticks: Vec<serde_json::Value> = stdout(&out)
             .lines()
@@ -389,6 +398,7 @@ fn the_governor_restores_its_knobs_when_its_reader_goes() {
     assert_eq!(tick["running"], true, "{first}");
     let closed = Instant::now();
     let out = child.wait_with_output().unwrap();
+    turn.relock();
     assert!(
         closed.elapsed() < Duration::from_secs(20),
         "the governor ran on for {:?} after its reader went",
@@ -417,6 +427,147 @@ fn a_governor_is_refused_while_another_holds_the_ksm_lock() {
         "{}",
         stderr(&out)
     );
+}
+
+/// Starts `kfuse mem govern --json` with the machine-wide lock released for it and returns it
+/// once it has printed its first tick, which has turned merging on.
+fn start_governor(turn: &mut Turn) -> Child {
+    let child = turn.with_lock_released(|| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kfuse"))
+            .args(["mem", "govern", "--json", "--interval", "0.05"])
+            .args(["--duration", "60"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        if first.is_empty() {
+            let out = child.wait_with_output().unwrap();
+            return (None, stderr(&out));
+        }
+        let tick: serde_json::Value = serde_json::from_str(&first).unwrap();
+        assert_eq!(tick["running"], true, "{first}");
+        (Some(child), String::new())
+    });
+    child.expect("the governor started")
+}
+
+fn signal(child: &Child, signal: i32) {
+    // SAFETY: kill only sends a signal to a child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+}
+
+/// SIGHUP (a closed terminal) and SIGQUIT stop the governor as SIGTERM does: it puts back every
+/// knob it changed before it exits.
+#[test]
+fn the_governor_restores_its_knobs_on_hangup_and_quit() {
+    let Some(mut turn) = root_and_ksm("the_governor_restores_its_knobs_on_hangup_and_quit") else {
+        return;
+    };
+    let original_run = turn.ksm.get(Knob::Run).unwrap();
+    // The governor turns merging on where it is off, which gives it a knob to put back.
+    turn.ksm.set(Knob::Run, 0).unwrap();
+    let before = turn.ksm.settings().unwrap();
+    let holder = Holder::start(&["--mib", "1", "--seed", "10", "--merge"], None);
+    for sig in [libc::SIGHUP, libc::SIGQUIT] {
+        let child = start_governor(&mut turn);
+        signal(&child, sig);
+        let out = child.wait_with_output().unwrap();
+        turn.relock();
+        let err = stderr(&out);
+        assert!(out.status.success(), "signal {sig}: {:?} {err}", out.status);
+        assert!(err.contains("restored"), "signal {sig}: {err}");
+        assert_eq!(turn.ksm.settings().unwrap(), before, "signal {sig}");
+    }
+    drop(holder);
+    turn.ksm.set(Knob::Run, original_run.unwrap_or(0)).unwrap();
+}
+
+/// A governor killed by SIGKILL cannot restore anything, but it recorded the original knobs
+/// before changing them: `kfuse mem restore`, or any other `kfuse mem` command, puts them back.
+#[test]
+fn knobs_of_a_governor_killed_outright_are_put_back_by_the_next_command() {
+    let Some(mut turn) =
+        root_and_ksm("knobs_of_a_governor_killed_outright_are_put_back_by_the_next_command")
+    else {
+        return;
+    };
+    let original_run = turn.ksm.get(Knob::Run).unwrap();
+    // The governor turns merging on where it is off, which leaves a knob changed when it dies.
+    turn.ksm.set(Knob::Run, 0).unwrap();
+    let before = turn.ksm.settings().unwrap();
+    let holder = Holder::start(&["--mib", "1", "--seed", "11", "--merge"], None);
+    for command in [&["mem", "restore"][..], &["mem", "status", "--window", "0"]] {
+        let child = start_governor(&mut turn);
+        let pid = child.id();
+        signal(&child, libc::SIGKILL);
+        let out = child.wait_with_output().unwrap();
+        turn.relock();
+        assert!(!out.status.success());
+        let record = turn
+            .ksm
+            .read_record()
+            .unwrap()
+            .expect("the governor's record");
+        assert_eq!(record.pid, pid);
+        assert!(
+            record.knobs.contains(&(Knob::Run, "0".to_string())),
+            "{record:?}"
+        );
+        assert_eq!(turn.ksm.get(Knob::Run).unwrap(), Some(1), "left changed");
+        let out = turn.with_lock_released(|| {
+            let out = kfuse(command);
+            let err = stderr(&out);
+            (out, err)
+        });
+        turn.relock();
+        assert!(out.status.success(), "{command:?}: {}", stderr(&out));
+        let said = format!("{}{}", stdout(&out), stderr(&out));
+        assert!(
+            said.contains(&format!("put back the KSM settings pid {pid} changed"))
+                || said.contains(&format!("put back KSM settings that pid {pid} changed")),
+            "{command:?}: {said}"
+        );
+        assert_eq!(turn.ksm.settings().unwrap(), before, "{command:?}");
+        assert_eq!(turn.ksm.read_record().unwrap(), None);
+    }
+    let out = turn.with_lock_released(|| {
+        let out = kfuse(&["mem", "restore"]);
+        let err = stderr(&out);
+        (out, err)
+    });
+    turn.relock();
+    assert!(stdout(&out).contains("no KSM settings wait to be put back"));
+    drop(holder);
+    turn.ksm.set(Knob::Run, original_run.unwrap_or(0)).unwrap();
+}
+
+/// `kfuse mem top` stops on SIGHUP and SIGQUIT as on SIGINT, exiting cleanly.
+#[test]
+fn top_stops_cleanly_on_hangup_and_quit() {
+    if !Ksm::system().available() {
+        eprintln!("SKIPPED top_stops_cleanly_on_hangup_and_quit: no KSM in this kernel");
+        return;
+    }
+    for sig in [libc::SIGHUP, libc::SIGQUIT] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kfuse"))
+            .args(["mem", "top", "--interval", "0.05"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert!(first.contains("kfuse mem top"), "{first}");
+        signal(&child, sig);
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "signal {sig}: {:?}", out.status);
+    }
 }
 
 #[test]

@@ -614,12 +614,13 @@ extern "C" fn request_stop(_signal: libc::c_int) {
     STOP.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
-/// Makes SIGINT and SIGTERM set a flag instead of killing the process, so a long-running loop
-/// (the governor, `mem top`) can stop cleanly and restore what it changed. SIGPIPE is ignored,
-/// so that a reader closing the loop's output shows as a write error the loop can stop on,
-/// rather than killing it with knobs still changed.
+/// Makes SIGINT, SIGTERM, SIGHUP (a closed terminal) and SIGQUIT set a flag instead of killing
+/// the process, so a long-running loop (the governor, `mem top`) can stop cleanly and restore
+/// what it changed. SIGPIPE is ignored, so that a reader closing the loop's output shows as a
+/// write error the loop can stop on, rather than killing it with knobs still changed. Only
+/// SIGKILL is left to end it uncleanly, and the record its knob guard keeps covers that.
 pub fn install_stop_handlers() {
-    for signal in [libc::SIGINT, libc::SIGTERM] {
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe {
             libc::signal(signal, request_stop as *const () as libc::sighandler_t);
@@ -631,7 +632,7 @@ pub fn install_stop_handlers() {
     }
 }
 
-/// Whether SIGINT or SIGTERM arrived since [`install_stop_handlers`].
+/// Whether SIGINT, SIGTERM, SIGHUP or SIGQUIT arrived since [`install_stop_handlers`].
 pub fn stop_requested() -> bool {
     STOP.load(std::sync::atomic::Ordering::SeqCst)
 }
