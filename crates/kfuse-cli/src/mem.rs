@@ -12,7 +12,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Subcommand;
 use kfuse_mem::audit::{AuditReport, Auditor};
 use kfuse_mem::governor::{Governor, GovernorConfig, OutsiderAction};
-use kfuse_mem::ksm::{Counters, Features, Knob, Ksm, KsmVmstat, Recovery, Savings};
+use kfuse_mem::ksm::{Counters, Features, Knob, KnobGuard, Ksm, KsmVmstat, Recovery, Run, Savings};
 use kfuse_mem::metrics::Exposition;
 use kfuse_mem::pool::{Handle, Pool, PoolOptions};
 use kfuse_mem::process::{Domain, DomainKind, ProcessKsm, Procfs};
@@ -105,6 +105,10 @@ pub enum MemCommand {
         /// MiB of weights per worker.
         #[arg(long, default_value_t = 64)]
         mib: usize,
+        /// First merge another team of workers at the kernel's default scan rate (100 pages
+        /// every 20 ms), and report how much faster the governor merges.
+        #[arg(long)]
+        race_defaults: bool,
     },
     /// Hold synthetic weights until standard input closes (the demo's and tests' worker).
     #[command(hide = true)]
@@ -172,7 +176,11 @@ pub fn mem(command: MemCommand) -> Result<()> {
             json,
             fail_on_anomaly,
         } => audit(domain.parse()?, threshold, json, fail_on_anomaly),
-        MemCommand::Demo { workers, mib } => demo(workers, mib),
+        MemCommand::Demo {
+            workers,
+            mib,
+            race_defaults,
+        } => demo(workers, mib, race_defaults),
         MemCommand::Hold {
             mib,
             seed,
@@ -964,7 +972,7 @@ impl Drop for Workers {
     }
 }
 
-fn demo(workers: usize, mib_each: usize) -> Result<()> {
+fn demo(workers: usize, mib_each: usize, race_defaults: bool) -> Result<()> {
     if workers == 0 || mib_each == 0 {
         bail!("the demo needs at least one worker and one MiB");
     }
@@ -973,12 +981,35 @@ fn demo(workers: usize, mib_each: usize) -> Result<()> {
         "{workers} worker processes each hold the same {mib_each} MiB of weights ({} in all).\n",
         mib(total)
     );
-    demo_kernel_ksm(workers, mib_each)?;
+    demo_kernel_ksm(workers, mib_each, race_defaults)?;
     println!();
     demo_pool(workers, mib_each)
 }
 
-fn demo_kernel_ksm(workers: usize, mib_each: usize) -> Result<()> {
+/// Seconds until `team`'s pages map KSM pages (95% of them), calling `drive` every 200 ms, and
+/// whether they did within a minute.
+fn time_to_merge(
+    team: &Workers,
+    mib_each: usize,
+    mut drive: impl FnMut() -> Result<()>,
+) -> Result<(f64, bool)> {
+    let want = (team.children.len() * (mib_each << 20)) as u64 * 95 / 100;
+    let start = Instant::now();
+    let mut last_drive = Instant::now() - Duration::from_secs(1);
+    while team.ksm_bytes() < want {
+        if start.elapsed() > Duration::from_secs(60) {
+            return Ok((start.elapsed().as_secs_f64(), false));
+        }
+        if last_drive.elapsed() >= Duration::from_millis(200) {
+            drive()?;
+            last_drive = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok((start.elapsed().as_secs_f64(), true))
+}
+
+fn demo_kernel_ksm(workers: usize, mib_each: usize, race_defaults: bool) -> Result<()> {
     println!("1. Kernel KSM: the workers mark their copies mergeable and ksmd merges them.");
     let ksm = Ksm::system();
     if !ksm.available() || !sys::is_root() {
@@ -995,14 +1026,37 @@ fn demo_kernel_ksm(workers: usize, mib_each: usize) -> Result<()> {
     // The demo changes knobs itself around the governor's run, so it takes the lock first and
     // lends it to the governor.
     let lock = ksm.lock()?;
-    let args = vec![
-        "--mib".to_string(),
-        mib_each.to_string(),
-        "--seed".into(),
-        "1".into(),
-        "--merge".into(),
-    ];
-    let team = Workers::start(workers, &args, None)?;
+    let args = |seed: u64| {
+        vec![
+            "--mib".to_string(),
+            mib_each.to_string(),
+            "--seed".into(),
+            seed.to_string(),
+            "--merge".into(),
+        ]
+    };
+    let defaults_took = if race_defaults {
+        // Another team, holding other bytes, so that nothing it merges helps the governed run.
+        let team = Workers::start(workers, &args(2), None)?;
+        let mut guard = KnobGuard::new(&ksm);
+        guard.set(Knob::PagesToScan, 100)?;
+        guard.set(Knob::SleepMillisecs, 20)?;
+        guard.set(Knob::Run, Run::Merge as u64)?;
+        let (took, merged) = time_to_merge(&team, mib_each, || Ok(()))?;
+        guard.restore()?;
+        if merged {
+            println!(
+                "   at the kernel's default rate (100 pages every 20 ms) another team merged in \
+                 {took:.1} s"
+            );
+        } else {
+            println!("   at the kernel's default rate another team did not merge within 60 s");
+        }
+        merged.then_some(took)
+    } else {
+        None
+    };
+    let team = Workers::start(workers, &args(1), None)?;
     let (rss0, pss0) = team.memory();
     println!(
         "   before: RSS {}  PSS {} (what the workers really use)",
@@ -1016,20 +1070,12 @@ fn demo_kernel_ksm(workers: usize, mib_each: usize) -> Result<()> {
         ..GovernorConfig::default()
     };
     let mut governor = Governor::holding(lock, config, Ksm::system(), Procfs::system())?;
-    let start = Instant::now();
-    let want = (workers * (mib_each << 20)) as u64 * 95 / 100;
-    let mut last_tick = Instant::now() - Duration::from_secs(1);
-    while team.ksm_bytes() < want && start.elapsed() < Duration::from_secs(60) {
-        if last_tick.elapsed() >= Duration::from_millis(200) {
-            let tick = governor.tick()?;
-            for event in &tick.events {
-                println!("   governor: {event}");
-            }
-            last_tick = Instant::now();
+    let (took, merged) = time_to_merge(&team, mib_each, || {
+        for event in &governor.tick()?.events {
+            println!("   governor: {event}");
         }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let took = start.elapsed().as_secs_f64();
+        Ok(())
+    })?;
     let (rss1, pss1) = team.memory();
     let counters = ksm.counters()?;
     let savings = Savings::from_counters(&counters, sys::page_size() as u64);
@@ -1045,6 +1091,12 @@ fn demo_kernel_ksm(workers: usize, mib_each: usize) -> Result<()> {
         mib(savings.saved_bytes as f64),
         mib(savings.profit_bytes as f64)
     );
+    if let (Some(defaults), true) = (defaults_took, merged) {
+        println!(
+            "   the governor merged them {:.1}x as fast as the kernel's default rate",
+            defaults / took
+        );
+    }
     println!(
         "   every KSM setting is restored; the workers exit and their merged pages go with them"
     );
