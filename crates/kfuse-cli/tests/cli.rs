@@ -370,6 +370,15 @@ fn bad_input_of_every_kind_is_a_clear_error() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A misspelt workload name is an error naming it and every valid one, not an empty success.
+#[test]
+fn bench_refuses_unknown_workloads() {
+    fails_with(
+        &["bench", "--quick", "W1", "W9"],
+        "unknown workload `W9`: kfuse bench takes W0, W1, W2a, W2b, W3, W4a, W4b, W5a, W5b, W6a",
+    );
+}
+
 #[test]
 fn malformed_program_files_never_panic_the_cli() {
     let dir = scratch("fuzz");
