@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use kfuse_ir::Array;
+use kfuse_testkit::{skip, Prerequisite};
 
 fn kfuse(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kfuse"))
@@ -468,15 +469,13 @@ fn explain_shows_the_resnet_stem_pooled_in_one_kernel() {
         ),
         "{text}"
     );
-    #[cfg(target_arch = "x86_64")]
-    let avx512 = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq");
-    #[cfg(not(target_arch = "x86_64"))]
-    let avx512 = false;
-    let routine = if avx512 {
+    let routine = if kfuse_testkit::has_avx512() {
         "each band's rows pooled from the kernel's stage in cache"
     } else {
-        eprintln!(
-            "this CPU lacks AVX-512: the stem's routine runs the convolution, then the pooling"
+        skip(
+            "explain_shows_the_resnet_stem_pooled_in_one_kernel (its AVX-512 routine)",
+            Prerequisite::Avx512,
+            "this CPU lacks AVX-512: the stem's routine runs the convolution, then the pooling",
         );
         "then the pooling over its stored output"
     };
@@ -513,6 +512,16 @@ fn explain_shows_a_mobilenet_v2_block_as_one_kernel() {
 /// down-sampling block, whose add joins the first convolution as its epilogue).
 #[test]
 fn explain_names_each_convolutions_routine() {
+    // Without AVX-512 every convolution takes the portable im2col route, whose name says
+    // nothing about the choice between routines.
+    if !kfuse_testkit::has_avx512() {
+        skip(
+            "explain_names_each_convolutions_routine",
+            Prerequisite::Avx512,
+            "Winograd and the direct microkernels need AVX-512, which this CPU lacks",
+        );
+        return;
+    }
     let dir = scratch("routines");
     let program = dir.join("block.kf");
     std::fs::write(
@@ -691,8 +700,10 @@ fn explain_shows_kernels_bytes_and_boundaries() {
     // vectorized.
     match std::fs::read_to_string(dir.join("3-k0.vec.txt")) {
         Ok(report) => assert!(report.contains("loop vectorized"), "{report}"),
-        Err(_) => eprintln!(
-            "NOTE: no 3-k0.vec.txt: the C compiler gives no -fopt-info-vec report (not GCC)"
+        Err(_) => skip(
+            "explain_shows_kernels_bytes_and_boundaries (its vectorization report)",
+            Prerequisite::Optional,
+            "no 3-k0.vec.txt: the C compiler gives no -fopt-info-vec report (not GCC)",
         ),
     }
     std::fs::remove_dir_all(&dir).unwrap();
@@ -922,7 +933,11 @@ fn bench_quick_reports_every_workload() {
                 assert!(g.is_finite() && g > 0.0, "{row}");
             }
         }
-        None => eprintln!("W0 peak FMA not measured on this CPU: {}", fma["skipped"]),
+        None => skip(
+            "bench_quick_reports_every_workload (W0's peak FMA)",
+            Prerequisite::Avx512,
+            &format!("not measured on this CPU: {}", fma["skipped"]),
+        ),
     }
     let ids: Vec<&str> = report["workloads"]
         .as_array()
@@ -1049,7 +1064,11 @@ fn clang() -> Option<String> {
 #[test]
 fn kernels_compile_with_clang_and_stay_bit_exact() {
     let Some(cc) = clang() else {
-        eprintln!("SKIPPED kernels_compile_with_clang_and_stay_bit_exact: no clang on PATH");
+        skip(
+            "kernels_compile_with_clang_and_stay_bit_exact",
+            Prerequisite::Optional,
+            "no clang on PATH",
+        );
         return;
     };
     let dir = scratch("clang");

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use kfuse_mem::ksm::{Knob, KnobGuard, Ksm};
 use kfuse_mem::process::Procfs;
 use kfuse_mem::sys;
+use kfuse_testkit::{skip, Prerequisite};
 
 const NOBODY: u32 = 65534;
 
@@ -67,12 +68,14 @@ impl Turn {
 fn root_and_ksm(test: &str) -> Option<Turn> {
     let ksm = Ksm::system();
     if !ksm.available() {
-        eprintln!("SKIPPED {test}: this kernel has no KSM");
+        skip(test, Prerequisite::Ksm, "this kernel has no KSM");
         return None;
     }
     if !sys::is_root() {
-        eprintln!(
-            "SKIPPED {test}: needs root (changes KSM settings, runs processes as another user)"
+        skip(
+            test,
+            Prerequisite::Root,
+            "needs root (changes KSM settings, runs processes as another user)",
         );
         return None;
     }
@@ -133,7 +136,11 @@ impl Drop for Holder {
 #[test]
 fn status_reports_in_text_json_and_prometheus() {
     if !Ksm::system().available() {
-        eprintln!("SKIPPED status_reports_in_text_json_and_prometheus: no KSM in this kernel");
+        skip(
+            "status_reports_in_text_json_and_prometheus",
+            Prerequisite::Ksm,
+            "no KSM in this kernel",
+        );
         return;
     }
     // The report's knobs are compared with the system's below: hold the lock the tests that
@@ -186,7 +193,11 @@ fn status_reports_in_text_json_and_prometheus() {
 #[test]
 fn top_refreshes_the_given_number_of_times() {
     if !Ksm::system().available() {
-        eprintln!("SKIPPED top_refreshes_the_given_number_of_times: no KSM in this kernel");
+        skip(
+            "top_refreshes_the_given_number_of_times",
+            Prerequisite::Ksm,
+            "no KSM in this kernel",
+        );
         return;
     }
     let out = kfuse(&["mem", "top", "--interval", "0.05", "--iterations", "3"]);
@@ -201,7 +212,11 @@ fn top_refreshes_the_given_number_of_times() {
 #[test]
 fn mem_run_starts_a_program_with_merging_on() {
     if !std::path::Path::new("/proc/self/ksm_stat").exists() {
-        eprintln!("SKIPPED mem_run_starts_a_program_with_merging_on: no /proc/<pid>/ksm_stat");
+        skip(
+            "mem_run_starts_a_program_with_merging_on",
+            Prerequisite::Optional,
+            "no /proc/<pid>/ksm_stat (Linux 6.1)",
+        );
         return;
     }
     let out = kfuse(&["mem", "run", "--", "cat", "/proc/self/ksm_stat"]);
@@ -549,7 +564,11 @@ fn knobs_of_a_governor_killed_outright_are_put_back_by_the_next_command() {
 #[test]
 fn top_stops_cleanly_on_hangup_and_quit() {
     if !Ksm::system().available() {
-        eprintln!("SKIPPED top_stops_cleanly_on_hangup_and_quit: no KSM in this kernel");
+        skip(
+            "top_stops_cleanly_on_hangup_and_quit",
+            Prerequisite::Ksm,
+            "no KSM in this kernel",
+        );
         return;
     }
     for sig in [libc::SIGHUP, libc::SIGQUIT] {
@@ -606,7 +625,15 @@ fn the_demo_shares_weights_through_ksm_and_the_pool() {
         );
         assert!(text.contains("was refused"), "{text}");
     } else {
-        eprintln!("note: the demo's kernel-KSM and cross-domain parts need root; only the pool part was checked");
+        skip(
+            "the_demo_shares_weights_through_ksm_and_the_pool (its kernel-KSM and cross-domain parts)",
+            if sys::is_root() {
+                Prerequisite::Ksm
+            } else {
+                Prerequisite::Root
+            },
+            "they need root and KSM; only the pool part was checked",
+        );
     }
 }
 

@@ -158,7 +158,11 @@ fn proc_text_is_parsed_without_trusting_it() {
 fn this_kernel_s_features_are_detected() {
     let ksm = Ksm::system();
     if !ksm.available() {
-        eprintln!("SKIPPED this_kernel_s_features_are_detected: no KSM in this kernel");
+        kfuse_testkit::skip(
+            "this_kernel_s_features_are_detected",
+            kfuse_testkit::Prerequisite::Ksm,
+            "no KSM in this kernel",
+        );
         return;
     }
     let f = ksm.features().unwrap();

@@ -1,6 +1,11 @@
 //! Test support: a seeded generator, random well-typed graphs over the whole op set, random
 //! arrays rich in edge values, and mutations of program text. Failing cases print their seed, so
-//! every failure replays.
+//! every failure replays. Tests that need something of the machine skip through
+//! [`prerequisites::skip`], which shows in `cargo test`'s output and fails in CI.
+
+pub mod prerequisites;
+
+pub use prerequisites::{has_avx512, skip, Prerequisite};
 
 use kfuse_ir::{
     Array, BinaryOp, CompareOp, Conv2dAttrs, DType, Graph, Layout, Op, PadMode, Pool2dAttrs,
