@@ -355,7 +355,61 @@ fn relative_error(got: &Array, want: &Array) -> f64 {
     err / scale.max(f64::MIN_POSITIVE)
 }
 
+/// Every workload and extra case `kfuse bench` takes by name.
+pub const WORKLOAD_IDS: [&str; 26] = [
+    "W0",
+    "W1",
+    "W2a",
+    "W2b",
+    "W3",
+    "W4a",
+    "W4b",
+    "W5a",
+    "W5b",
+    "W6a",
+    "W6b",
+    "W7",
+    "cost",
+    "transpose",
+    "activations",
+    "mobilenet",
+    "inverted",
+    "inverted7",
+    "mbconv",
+    "mbv3",
+    "resnet",
+    "resnet7",
+    "resnet18",
+    "resnet50",
+    "resnet18-nhwc",
+    "cast",
+];
+
+/// Refuses names no workload answers to: each part of the bench runs only for the names it
+/// knows, so a misspelt one would run nothing and still succeed.
+fn check_workload_names(only: &[String]) -> Result<()> {
+    let unknown: Vec<&str> = only
+        .iter()
+        .map(String::as_str)
+        .filter(|name| !WORKLOAD_IDS.contains(name))
+        .collect();
+    if !unknown.is_empty() {
+        bail!(
+            "unknown workload{} {}: kfuse bench takes {}",
+            if unknown.len() == 1 { "" } else { "s" },
+            unknown
+                .iter()
+                .map(|name| format!("`{name}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            WORKLOAD_IDS.join(", ")
+        );
+    }
+    Ok(())
+}
+
 pub fn bench(as_json: bool, quick: bool, only: &[String]) -> Result<()> {
+    check_workload_names(only)?;
     let cache = std::env::temp_dir().join(format!("kfuse-bench-cache-{}", std::process::id()));
     let compiler = Compiler::detect(cache.clone())
         .map_err(anyhow::Error::msg)
@@ -1369,6 +1423,24 @@ fn conv_workloads(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_fused_workload_is_a_name_the_bench_takes() {
+        for w in workloads(16) {
+            assert!(
+                WORKLOAD_IDS.contains(&w.id),
+                "{} is not in WORKLOAD_IDS",
+                w.id
+            );
+        }
+        assert!(check_workload_names(&["W1".into(), "resnet18-nhwc".into()]).is_ok());
+        let err = check_workload_names(&["W1".into(), "W9".into(), "w1".into()]).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("unknown workloads `W9`, `w1`: kfuse bench takes W0, W1, W2a"),
+            "{err}"
+        );
+    }
 
     fn array(values: Vec<f64>) -> Array {
         Array::from_vec(vec![values.len()], values).unwrap()

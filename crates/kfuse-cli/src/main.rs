@@ -172,6 +172,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    quit_quietly_on_closed_stdout();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run {
@@ -220,6 +221,19 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Lets a closed standard output end kfuse silently, as it ends other Unix tools: Rust starts
+/// programs with SIGPIPE ignored, so a write to a closed pipe fails and `print!` turns the
+/// failure into a panic ("failed printing to stdout"). With the default action restored,
+/// `kfuse check big.kf | head -1` ends when `head` does, with no message. Loops that must clean
+/// up before exiting (`kfuse mem govern`, `kfuse mem top`) ignore SIGPIPE again and stop on the
+/// write error instead.
+fn quit_quietly_on_closed_stdout() {
+    // SAFETY: setting a signal's disposition to its default touches no memory of this program.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
@@ -403,10 +417,33 @@ fn run(
     engine: &EngineArgs,
 ) -> Result<()> {
     let mut graph = load_program(program)?;
+    // Archive members are checked against the program's input types from their headers, before
+    // their data is decompressed: a member of the wrong shape, or a large one the program does
+    // not take, costs nothing to refuse.
+    let declared: Vec<(String, kfuse::TensorType)> = graph
+        .inputs()
+        .map(|(_, name, ty)| (name.to_string(), ty.clone()))
+        .collect();
+    let expect = |unknown: fn(&str) -> String| {
+        let declared = &declared;
+        move |name: &str, found: &kfuse::TensorType| {
+            match declared.iter().find(|(n, _)| n == name)
+        {
+            None => Err(unknown(name)),
+            Some((_, want)) if want != found => Err(format!(
+                "input {name:?}: expected {want}, found {found} (in its header; the data was not read)"
+            )),
+            Some(_) => Ok(()),
+        }
+        }
+    };
     let mut frozen: Vec<(String, Array)> = Vec::new();
     for path in constants {
-        let arrays = kfuse::npy::load_npz(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let arrays = kfuse::npy::load_npz_checked(
+            path,
+            expect(|name| format!("the program has no input named `{name}`")),
+        )
+        .with_context(|| format!("cannot read {}", path.display()))?;
         for (name, array) in arrays {
             if frozen.iter().any(|(f, _)| *f == name) {
                 bail!("`{name}` is given twice in --constants");
@@ -419,8 +456,11 @@ fn run(
     }
     let mut inputs: Vec<(String, Array)> = Vec::new();
     for path in npz {
-        let arrays = kfuse::npy::load_npz(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let arrays = kfuse::npy::load_npz_checked(
+            path,
+            expect(|name| format!("{name:?} is not an input of this program")),
+        )
+        .with_context(|| format!("cannot read {}", path.display()))?;
         inputs.extend(arrays);
     }
     for binding in bindings {

@@ -12,7 +12,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Subcommand;
 use kfuse_mem::audit::{AuditReport, Auditor};
 use kfuse_mem::governor::{Governor, GovernorConfig, OutsiderAction};
-use kfuse_mem::ksm::{Counters, Features, Knob, Ksm, KsmVmstat, Savings};
+use kfuse_mem::ksm::{Counters, Features, Knob, KnobGuard, Ksm, KsmVmstat, Recovery, Run, Savings};
 use kfuse_mem::metrics::Exposition;
 use kfuse_mem::pool::{Handle, Pool, PoolOptions};
 use kfuse_mem::process::{Domain, DomainKind, ProcessKsm, Procfs};
@@ -78,6 +78,9 @@ pub enum MemCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Put back KSM settings that a kfuse process changed and could not restore because it was
+    /// killed (needs root). Every other `kfuse mem` command run as root does this first too.
+    Restore,
     /// Find KSM pages mapped by processes of different security domains (needs root).
     Audit {
         /// How processes are grouped into domains.
@@ -102,6 +105,10 @@ pub enum MemCommand {
         /// MiB of weights per worker.
         #[arg(long, default_value_t = 64)]
         mib: usize,
+        /// First merge another team of workers at the kernel's default scan rate (100 pages
+        /// every 20 ms), and report how much faster the governor merges.
+        #[arg(long)]
+        race_defaults: bool,
     },
     /// Hold synthetic weights until standard input closes (the demo's and tests' worker).
     #[command(hide = true)]
@@ -123,6 +130,12 @@ pub enum MemCommand {
 
 pub fn mem(command: MemCommand) -> Result<()> {
     match command {
+        // The worker runs many times over in the demo and the tests; it changes no setting.
+        MemCommand::Hold { .. } | MemCommand::Restore => {}
+        _ => recover_abandoned_knobs(),
+    }
+    match command {
+        MemCommand::Restore => restore(),
         MemCommand::Status {
             json,
             prometheus,
@@ -163,7 +176,11 @@ pub fn mem(command: MemCommand) -> Result<()> {
             json,
             fail_on_anomaly,
         } => audit(domain.parse()?, threshold, json, fail_on_anomaly),
-        MemCommand::Demo { workers, mib } => demo(workers, mib),
+        MemCommand::Demo {
+            workers,
+            mib,
+            race_defaults,
+        } => demo(workers, mib, race_defaults),
         MemCommand::Hold {
             mib,
             seed,
@@ -171,6 +188,68 @@ pub fn mem(command: MemCommand) -> Result<()> {
             pool,
         } => hold(mib, seed, merge, pool.as_deref()),
     }
+}
+
+/// The knobs of a record, as `name=value` words.
+fn knob_list(knobs: &[(Knob, String)]) -> String {
+    knobs
+        .iter()
+        .map(|(knob, value)| format!("{}={value}", knob.file()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Puts back KSM knobs that a kfuse process recorded before changing them and never restored
+/// (a governor killed by SIGKILL cannot clean up after itself), saying so on standard error.
+/// Needs root and the KSM lock; a busy lock means a program is at work on KSM, and is told.
+fn recover_abandoned_knobs() {
+    let ksm = Ksm::system();
+    if !sys::is_root() || !ksm.available() || !ksm.record_path().exists() {
+        return;
+    }
+    let _lock = match ksm.try_lock() {
+        Ok(lock) => lock,
+        Err(e) => {
+            eprintln!(
+                "note: KSM settings changed by an earlier kfuse may wait to be put back ({e})"
+            );
+            return;
+        }
+    };
+    match ksm.recover() {
+        Ok(Recovery::Restored(record)) => eprintln!(
+            "note: put back KSM settings that pid {} changed and could not restore: {}",
+            record.pid,
+            knob_list(&record.knobs)
+        ),
+        Ok(Recovery::Nothing | Recovery::WriterRunning(_)) => {}
+        Err(e) => {
+            eprintln!("warning: could not put back KSM settings left by an earlier kfuse: {e}")
+        }
+    }
+}
+
+fn restore() -> Result<()> {
+    let ksm = Ksm::system();
+    if !sys::is_root() {
+        bail!(
+            "putting back KSM settings writes /sys/kernel/mm/ksm and reads {}: it needs root",
+            ksm.record_path().display()
+        );
+    }
+    let _lock = ksm.try_lock()?;
+    match ksm.recover()? {
+        Recovery::Nothing => println!("no KSM settings wait to be put back"),
+        Recovery::WriterRunning(pid) => bail!(
+            "pid {pid} changed the KSM settings and still runs: it puts them back when it stops"
+        ),
+        Recovery::Restored(record) => println!(
+            "put back the KSM settings pid {} changed: {}",
+            record.pid,
+            knob_list(&record.knobs)
+        ),
+    }
+    Ok(())
 }
 
 /// One reading of everything `status` shows.
@@ -575,16 +654,31 @@ fn top(interval: f64, iterations: Option<u64>) -> Result<()> {
         std::thread::sleep(Duration::from_secs_f64(interval));
         let after = snapshot(&ksm)?;
         let r = rates(&before, &after);
+        let mut screen = String::new();
         if clear {
-            print!("\x1b[H\x1b[2J");
+            screen += "\x1b[H\x1b[2J";
         }
-        println!("kfuse mem top (every {interval} s, ctrl-c to stop)");
-        print!("{}", status_text(&after, &r));
-        std::io::stdout().flush()?;
+        screen += &format!("kfuse mem top (every {interval} s, ctrl-c to stop)\n");
+        screen += &status_text(&after, &r);
+        if !emit(&screen)? {
+            break;
+        }
         before = after;
         n += 1;
     }
     Ok(())
+}
+
+/// Writes `text` to standard output at once; `Ok(false)` when the reader has gone (a closed
+/// pipe, as in `kfuse mem govern | head -1`), which ends a loop as SIGINT does, so the loop can
+/// put back what it changed and exit quietly.
+fn emit(text: &str) -> Result<bool> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn run(command: &[String]) -> Result<()> {
@@ -616,9 +710,9 @@ fn govern(config: GovernorConfig, interval: f64, duration: Option<f64>, json: bo
     let page = sys::page_size() as u64;
     loop {
         let tick = governor.tick()?;
-        if json {
-            println!(
-                "{}",
+        let text = if json {
+            format!(
+                "{}\n",
                 json!({
                     "seconds": start.elapsed().as_secs_f64(),
                     "running": tick.running,
@@ -630,11 +724,11 @@ fn govern(config: GovernorConfig, interval: f64, duration: Option<f64>, json: bo
                     "scan_rate": tick.scan_rate,
                     "events": tick.events.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
                 })
-            );
+            )
         } else {
             let saved = Savings::from_counters(&tick.sample.counters, page);
-            println!(
-                "[{:6.1} s] {} pages_to_scan {:6}  mergeable {}  saved {}  ksmd {}",
+            let mut text = format!(
+                "[{:6.1} s] {} pages_to_scan {:6}  mergeable {}  saved {}  ksmd {}\n",
                 start.elapsed().as_secs_f64(),
                 if tick.running { "merging" } else { "idle   " },
                 tick.pages_to_scan,
@@ -644,10 +738,13 @@ fn govern(config: GovernorConfig, interval: f64, duration: Option<f64>, json: bo
                     .map_or("n/a".into(), |f| format!("{:.1}% CPU", 100.0 * f)),
             );
             for event in &tick.events {
-                println!("           {event}");
+                text += &format!("           {event}\n");
             }
+            text
+        };
+        if !emit(&text)? {
+            break;
         }
-        std::io::stdout().flush()?;
         let deadline = Instant::now() + Duration::from_secs_f64(interval);
         while Instant::now() < deadline && !sys::stop_requested() {
             std::thread::sleep(Duration::from_millis(20));
@@ -875,7 +972,7 @@ impl Drop for Workers {
     }
 }
 
-fn demo(workers: usize, mib_each: usize) -> Result<()> {
+fn demo(workers: usize, mib_each: usize, race_defaults: bool) -> Result<()> {
     if workers == 0 || mib_each == 0 {
         bail!("the demo needs at least one worker and one MiB");
     }
@@ -884,12 +981,35 @@ fn demo(workers: usize, mib_each: usize) -> Result<()> {
         "{workers} worker processes each hold the same {mib_each} MiB of weights ({} in all).\n",
         mib(total)
     );
-    demo_kernel_ksm(workers, mib_each)?;
+    demo_kernel_ksm(workers, mib_each, race_defaults)?;
     println!();
     demo_pool(workers, mib_each)
 }
 
-fn demo_kernel_ksm(workers: usize, mib_each: usize) -> Result<()> {
+/// Seconds until `team`'s pages map KSM pages (95% of them), calling `drive` every 200 ms, and
+/// whether they did within a minute.
+fn time_to_merge(
+    team: &Workers,
+    mib_each: usize,
+    mut drive: impl FnMut() -> Result<()>,
+) -> Result<(f64, bool)> {
+    let want = (team.children.len() * (mib_each << 20)) as u64 * 95 / 100;
+    let start = Instant::now();
+    let mut last_drive = Instant::now() - Duration::from_secs(1);
+    while team.ksm_bytes() < want {
+        if start.elapsed() > Duration::from_secs(60) {
+            return Ok((start.elapsed().as_secs_f64(), false));
+        }
+        if last_drive.elapsed() >= Duration::from_millis(200) {
+            drive()?;
+            last_drive = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok((start.elapsed().as_secs_f64(), true))
+}
+
+fn demo_kernel_ksm(workers: usize, mib_each: usize, race_defaults: bool) -> Result<()> {
     println!("1. Kernel KSM: the workers mark their copies mergeable and ksmd merges them.");
     let ksm = Ksm::system();
     if !ksm.available() || !sys::is_root() {
@@ -903,15 +1023,40 @@ fn demo_kernel_ksm(workers: usize, mib_each: usize) -> Result<()> {
         );
         return Ok(());
     }
-    let _lock = ksm.lock()?;
-    let args = vec![
-        "--mib".to_string(),
-        mib_each.to_string(),
-        "--seed".into(),
-        "1".into(),
-        "--merge".into(),
-    ];
-    let team = Workers::start(workers, &args, None)?;
+    // The demo changes knobs itself around the governor's run, so it takes the lock first and
+    // lends it to the governor.
+    let lock = ksm.lock()?;
+    let args = |seed: u64| {
+        vec![
+            "--mib".to_string(),
+            mib_each.to_string(),
+            "--seed".into(),
+            seed.to_string(),
+            "--merge".into(),
+        ]
+    };
+    let defaults_took = if race_defaults {
+        // Another team, holding other bytes, so that nothing it merges helps the governed run.
+        let team = Workers::start(workers, &args(2), None)?;
+        let mut guard = KnobGuard::new(&ksm);
+        guard.set(Knob::PagesToScan, 100)?;
+        guard.set(Knob::SleepMillisecs, 20)?;
+        guard.set(Knob::Run, Run::Merge as u64)?;
+        let (took, merged) = time_to_merge(&team, mib_each, || Ok(()))?;
+        guard.restore()?;
+        if merged {
+            println!(
+                "   at the kernel's default rate (100 pages every 20 ms) another team merged in \
+                 {took:.1} s"
+            );
+        } else {
+            println!("   at the kernel's default rate another team did not merge within 60 s");
+        }
+        merged.then_some(took)
+    } else {
+        None
+    };
+    let team = Workers::start(workers, &args(1), None)?;
     let (rss0, pss0) = team.memory();
     println!(
         "   before: RSS {}  PSS {} (what the workers really use)",
@@ -924,21 +1069,13 @@ fn demo_kernel_ksm(workers: usize, mib_each: usize) -> Result<()> {
         min_profit_bytes: 0,
         ..GovernorConfig::default()
     };
-    let mut governor = Governor::new(config)?;
-    let start = Instant::now();
-    let want = (workers * (mib_each << 20)) as u64 * 95 / 100;
-    let mut last_tick = Instant::now() - Duration::from_secs(1);
-    while team.ksm_bytes() < want && start.elapsed() < Duration::from_secs(60) {
-        if last_tick.elapsed() >= Duration::from_millis(200) {
-            let tick = governor.tick()?;
-            for event in &tick.events {
-                println!("   governor: {event}");
-            }
-            last_tick = Instant::now();
+    let mut governor = Governor::holding(lock, config, Ksm::system(), Procfs::system())?;
+    let (took, merged) = time_to_merge(&team, mib_each, || {
+        for event in &governor.tick()?.events {
+            println!("   governor: {event}");
         }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let took = start.elapsed().as_secs_f64();
+        Ok(())
+    })?;
     let (rss1, pss1) = team.memory();
     let counters = ksm.counters()?;
     let savings = Savings::from_counters(&counters, sys::page_size() as u64);
@@ -954,6 +1091,12 @@ fn demo_kernel_ksm(workers: usize, mib_each: usize) -> Result<()> {
         mib(savings.saved_bytes as f64),
         mib(savings.profit_bytes as f64)
     );
+    if let (Some(defaults), true) = (defaults_took, merged) {
+        println!(
+            "   the governor merged them {:.1}x as fast as the kernel's default rate",
+            defaults / took
+        );
+    }
     println!(
         "   every KSM setting is restored; the workers exit and their merged pages go with them"
     );

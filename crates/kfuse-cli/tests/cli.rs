@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use kfuse_ir::Array;
+use kfuse_testkit::{skip, Prerequisite};
 
 fn kfuse(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kfuse"))
@@ -107,6 +108,89 @@ fn inputs_can_come_from_an_npz_archive() {
     assert!(o.status.success(), "{}", stderr(&o));
     let want = kfuse_npy::load_npy(&case.join("expected/q.npy")).unwrap();
     assert_eq!(kfuse_npy::load_npy(&dir.join("out/q.npy")).unwrap(), want);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A member of the wrong shape, or one the program does not take, is refused from its header,
+/// before its data is decompressed.
+#[test]
+fn npz_members_are_checked_against_the_program_before_their_data() {
+    let dir = scratch("npz-shapes");
+    let case = programs().join("integers");
+    let program = case.join("program.kf");
+    let a = kfuse_npy::load_npy(&case.join("a.npy")).unwrap();
+    let wide = Array::from_vec(vec![5], vec![1i32, 2, 3, 4, 5]).unwrap();
+    kfuse_npy::save_npz(
+        &dir.join("wrong.npz"),
+        &[("a".into(), a.clone()), ("b".into(), wide.clone())],
+    )
+    .unwrap();
+    kfuse_npy::save_npz(&dir.join("stray.npz"), &[("z".into(), wide)]).unwrap();
+    let out = dir.join("out").display().to_string();
+    let wrong = dir.join("wrong.npz").display().to_string();
+    let stray = dir.join("stray.npz").display().to_string();
+    let p = program.to_str().unwrap();
+    fails_with(
+        &["run", p, "--inputs-npz", &wrong, "--output-dir", &out],
+        "b.npy: input \"b\": expected i32[4], found i32[5] (in its header; the data was not read)",
+    );
+    fails_with(
+        &["run", p, "--inputs-npz", &stray, "--output-dir", &out],
+        "z.npy: \"z\" is not an input of this program",
+    );
+    fails_with(
+        &["run", p, "--constants", &wrong, "--output-dir", &out],
+        "b.npy: input \"b\": expected i32[4], found i32[5]",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A reader that stops early (`kfuse check big.kf | head -1`) ends kfuse quietly, as it ends any
+/// Unix tool: no panic about failed printing, and either success or death by SIGPIPE.
+#[test]
+fn a_closed_standard_output_ends_kfuse_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::ExitStatusExt;
+    let dir = scratch("closed-stdout");
+    let program = dir.join("chain.kf");
+    // Thousands of lines of output, far more than a pipe holds, so kfuse is still writing when
+    // the reader goes.
+    let mut text = String::from("%x = input() name=\"x\" : f32[4]\n%a0 = add(%x, %x)\n");
+    for i in 1..6000 {
+        text += &format!("%a{i} = add(%a{}, %x)\n", i - 1);
+    }
+    text += "output \"y\" = %a5999\n";
+    std::fs::write(&program, text).unwrap();
+    let p = program.to_str().unwrap();
+    let commands: [&[&str]; 2] = [
+        &["check", p],
+        &["explain", p, "--cost-model", "fixed", "--fuse", "none"],
+    ];
+    for args in commands {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kfuse"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        // The reader, and with it the pipe's only read end, is dropped after one line.
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert!(!first.is_empty(), "{args:?} printed nothing");
+        let out = child.wait_with_output().unwrap();
+        let err = stderr(&out);
+        assert!(
+            !err.contains("panicked") && !err.contains("Broken pipe"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+            "{args:?}: {:?} {err}",
+            out.status
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -287,6 +371,15 @@ fn bad_input_of_every_kind_is_a_clear_error() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A misspelt workload name is an error naming it and every valid one, not an empty success.
+#[test]
+fn bench_refuses_unknown_workloads() {
+    fails_with(
+        &["bench", "--quick", "W1", "W9"],
+        "unknown workload `W9`: kfuse bench takes W0, W1, W2a, W2b, W3, W4a, W4b, W5a, W5b, W6a",
+    );
+}
+
 #[test]
 fn malformed_program_files_never_panic_the_cli() {
     let dir = scratch("fuzz");
@@ -376,15 +469,13 @@ fn explain_shows_the_resnet_stem_pooled_in_one_kernel() {
         ),
         "{text}"
     );
-    #[cfg(target_arch = "x86_64")]
-    let avx512 = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq");
-    #[cfg(not(target_arch = "x86_64"))]
-    let avx512 = false;
-    let routine = if avx512 {
+    let routine = if kfuse_testkit::has_avx512() {
         "each band's rows pooled from the kernel's stage in cache"
     } else {
-        eprintln!(
-            "this CPU lacks AVX-512: the stem's routine runs the convolution, then the pooling"
+        skip(
+            "explain_shows_the_resnet_stem_pooled_in_one_kernel (its AVX-512 routine)",
+            Prerequisite::Avx512,
+            "this CPU lacks AVX-512: the stem's routine runs the convolution, then the pooling",
         );
         "then the pooling over its stored output"
     };
@@ -421,6 +512,16 @@ fn explain_shows_a_mobilenet_v2_block_as_one_kernel() {
 /// down-sampling block, whose add joins the first convolution as its epilogue).
 #[test]
 fn explain_names_each_convolutions_routine() {
+    // Without AVX-512 every convolution takes the portable im2col route, whose name says
+    // nothing about the choice between routines.
+    if !kfuse_testkit::has_avx512() {
+        skip(
+            "explain_names_each_convolutions_routine",
+            Prerequisite::Avx512,
+            "Winograd and the direct microkernels need AVX-512, which this CPU lacks",
+        );
+        return;
+    }
     let dir = scratch("routines");
     let program = dir.join("block.kf");
     std::fs::write(
@@ -599,8 +700,10 @@ fn explain_shows_kernels_bytes_and_boundaries() {
     // vectorized.
     match std::fs::read_to_string(dir.join("3-k0.vec.txt")) {
         Ok(report) => assert!(report.contains("loop vectorized"), "{report}"),
-        Err(_) => eprintln!(
-            "NOTE: no 3-k0.vec.txt: the C compiler gives no -fopt-info-vec report (not GCC)"
+        Err(_) => skip(
+            "explain_shows_kernels_bytes_and_boundaries (its vectorization report)",
+            Prerequisite::Optional,
+            "no 3-k0.vec.txt: the C compiler gives no -fopt-info-vec report (not GCC)",
         ),
     }
     std::fs::remove_dir_all(&dir).unwrap();
@@ -830,7 +933,11 @@ fn bench_quick_reports_every_workload() {
                 assert!(g.is_finite() && g > 0.0, "{row}");
             }
         }
-        None => eprintln!("W0 peak FMA not measured on this CPU: {}", fma["skipped"]),
+        None => skip(
+            "bench_quick_reports_every_workload (W0's peak FMA)",
+            Prerequisite::Avx512,
+            &format!("not measured on this CPU: {}", fma["skipped"]),
+        ),
     }
     let ids: Vec<&str> = report["workloads"]
         .as_array()
@@ -957,7 +1064,11 @@ fn clang() -> Option<String> {
 #[test]
 fn kernels_compile_with_clang_and_stay_bit_exact() {
     let Some(cc) = clang() else {
-        eprintln!("SKIPPED kernels_compile_with_clang_and_stay_bit_exact: no clang on PATH");
+        skip(
+            "kernels_compile_with_clang_and_stay_bit_exact",
+            Prerequisite::Optional,
+            "no clang on PATH",
+        );
         return;
     };
     let dir = scratch("clang");

@@ -75,6 +75,9 @@ impl Auditor {
 
     /// Audits every process (or only `pids` when given).
     pub fn run(&self, pids: Option<&[u32]>) -> Result<AuditReport, MemError> {
+        if self.kind == DomainKind::Label {
+            self.procfs.check_labels()?;
+        }
         if !sys::is_root() {
             return Err(MemError::NeedsRoot(
                 "the audit reads page frame numbers from /proc/<pid>/pagemap and /proc/kpageflags"

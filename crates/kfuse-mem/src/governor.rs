@@ -17,14 +17,17 @@
 //!   pages fell the most, are reported, as is a process whose pages are merged, written and merged
 //!   again cycle after cycle: merging pages that are then written wastes ksmd's time.
 //!
-//! The governor changes knobs through a [`KnobGuard`], so they are restored when it stops.
+//! The governor changes knobs through a [`KnobGuard`], so they are restored when it stops, and
+//! holds the machine-wide KSM lock ([`Ksm::try_lock`]) for its whole life: a second governor,
+//! or any program changing KSM settings under the lock, is refused and told the holder's pid.
 
 use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::ksm::{Counters, Knob, KnobGuard, Ksm, KsmVmstat, Pressure, Run};
-use crate::process::{Domain, ProcessKsm, Procfs};
-use crate::{sys, MemError};
+use crate::process::{Domain, DomainKind, ProcessKsm, Procfs};
+use crate::sys::{self, FileLock};
+use crate::MemError;
 
 /// Visits of ksmd a page needs before it merges: its checksum is recorded, then found unchanged
 /// and entered in the unstable tree, then matched.
@@ -204,6 +207,9 @@ pub struct Governor {
     ksm: Ksm,
     procfs: Procfs,
     guard: KnobGuard,
+    /// The KSM lock, held for the governor's whole life; declared after the guard, so that
+    /// knobs are restored before it is released.
+    lock: FileLock,
     previous: Option<Sample>,
     running: bool,
     pages_to_scan: u64,
@@ -224,18 +230,36 @@ struct MergeCycles {
 }
 
 impl Governor {
-    /// A governor of the system's KSM. Needs root to change knobs.
+    /// A governor of the system's KSM. Needs root to change knobs. It holds the machine-wide
+    /// KSM lock for its whole life, and is refused while another program holds it.
     pub fn new(config: GovernorConfig) -> Result<Governor, MemError> {
         Governor::with(config, Ksm::system(), Procfs::system())
     }
 
-    /// A governor over the given KSM and `/proc`.
+    /// A governor over the given KSM and `/proc`, holding that KSM's lock (see
+    /// [`Ksm::try_lock`]).
     pub fn with(config: GovernorConfig, ksm: Ksm, procfs: Procfs) -> Result<Governor, MemError> {
-        if !ksm.available() {
-            return Err(MemError::Unsupported(format!(
-                "no KSM at {} (kernel built without CONFIG_KSM?)",
-                ksm.root().display()
-            )));
+        Governor::available(&ksm)?;
+        let lock = ksm.try_lock()?;
+        Governor::holding(lock, config, ksm, procfs)
+    }
+
+    /// A governor for a caller that already holds the KSM lock (from [`Ksm::lock`]) and
+    /// changes or checks knobs around the governor's run, as the demo does; the governor keeps
+    /// the lock until it is dropped or [`Governor::into_lock`] hands it back.
+    pub fn holding(
+        lock: FileLock,
+        config: GovernorConfig,
+        ksm: Ksm,
+        procfs: Procfs,
+    ) -> Result<Governor, MemError> {
+        Governor::available(&ksm)?;
+        if config
+            .admit
+            .as_ref()
+            .is_some_and(|d| d.kind() == DomainKind::Label)
+        {
+            procfs.check_labels()?;
         }
         if !(config.cpu_cap > 0.0 && config.target_merge_seconds > 0.0) {
             return Err(MemError::Usage(
@@ -253,6 +277,7 @@ impl Governor {
             ksm,
             procfs,
             guard,
+            lock,
             previous: None,
             running,
             pages_to_scan,
@@ -543,5 +568,22 @@ impl Governor {
     /// Puts back every knob the governor changed.
     pub fn restore(&mut self) -> Result<(), MemError> {
         self.guard.restore()
+    }
+
+    /// Puts back every knob the governor changed and hands back the KSM lock, for a caller
+    /// that goes on checking or changing knobs.
+    pub fn into_lock(mut self) -> Result<FileLock, MemError> {
+        self.guard.restore()?;
+        Ok(self.lock)
+    }
+
+    fn available(ksm: &Ksm) -> Result<(), MemError> {
+        if ksm.available() {
+            return Ok(());
+        }
+        Err(MemError::Unsupported(format!(
+            "no KSM at {} (kernel built without CONFIG_KSM?)",
+            ksm.root().display()
+        )))
     }
 }

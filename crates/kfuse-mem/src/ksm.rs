@@ -169,6 +169,9 @@ pub struct Features {
 pub struct Ksm {
     root: PathBuf,
     proc_root: PathBuf,
+    /// Where the lock lives for a copy; `None` for the system's KSM, whose lock is
+    /// machine-wide.
+    state_dir: Option<PathBuf>,
 }
 
 impl Default for Ksm {
@@ -183,14 +186,18 @@ impl Ksm {
         Ksm {
             root: PathBuf::from(SYSFS_KSM),
             proc_root: PathBuf::from("/proc"),
+            state_dir: None,
         }
     }
 
     /// KSM read from other directories: `root` in place of `/sys/kernel/mm/ksm` and `proc_root`
-    /// in place of `/proc` (used by tests that must not touch the machine).
+    /// in place of `/proc` (used by tests that must not touch the machine). Its lock lives in
+    /// `root/.kfuse`, so a copy never contends with the machine's KSM.
     pub fn at(root: impl Into<PathBuf>, proc_root: impl Into<PathBuf>) -> Ksm {
+        let root = root.into();
         Ksm {
-            root: root.into(),
+            state_dir: Some(root.join(".kfuse")),
+            root,
             proc_root: proc_root.into(),
         }
     }
@@ -366,15 +373,299 @@ impl Ksm {
         cpu_seconds_from_stat(&stat)
     }
 
-    /// Takes the machine-wide lock that serializes programs changing KSM settings.
-    pub fn lock(&self) -> Result<sys::FileLock, MemError> {
+    /// The lock file that serializes programs changing these KSM settings:
+    /// `/run/lock/kfuse-ksm.lock` for the system's (in the temporary directory where there is no
+    /// `/run/lock`), `root/.kfuse/ksm.lock` for a copy.
+    pub fn lock_path(&self) -> Result<PathBuf, MemError> {
+        if let Some(dir) = &self.state_dir {
+            fs::create_dir_all(dir).map_err(|e| MemError::io(dir, e))?;
+            return Ok(dir.join("ksm.lock"));
+        }
         let path = Path::new("/run/lock/kfuse-ksm.lock");
-        let path = if path.parent().is_some_and(|p| p.exists()) {
+        Ok(if path.parent().is_some_and(|p| p.exists()) {
             path.to_path_buf()
         } else {
             std::env::temp_dir().join("kfuse-ksm.lock")
-        };
+        })
+    }
+
+    /// Takes the machine-wide lock that serializes programs changing KSM settings, waiting for
+    /// its holder to finish.
+    pub fn lock(&self) -> Result<sys::FileLock, MemError> {
+        let path = self.lock_path()?;
         sys::FileLock::exclusive(&path).map_err(|e| MemError::io(&path, e))
+    }
+
+    /// Takes the machine-wide KSM lock if nobody holds it; otherwise refuses, naming the
+    /// holder's pid, since two programs steering ksmd at once undo each other's settings.
+    pub fn try_lock(&self) -> Result<sys::FileLock, MemError> {
+        let path = self.lock_path()?;
+        match sys::FileLock::try_exclusive(&path) {
+            Ok(lock) => Ok(lock),
+            Err(sys::LockError::Io(e)) => Err(MemError::io(&path, e)),
+            Err(sys::LockError::Held(holder)) => {
+                let who = match holder {
+                    Some(pid) => {
+                        let name = fs::read_to_string(format!("/proc/{pid}/comm"))
+                            .map(|n| format!(" ({})", n.trim()))
+                            .unwrap_or_default();
+                        format!("pid {pid}{name}")
+                    }
+                    None => "another process".to_string(),
+                };
+                Err(MemError::Refused(format!(
+                    "{who} holds the KSM lock {}: another governor, or a program changing KSM \
+                     settings, is running",
+                    path.display()
+                )))
+            }
+        }
+    }
+}
+
+/// Where the system's record of changed knobs lives: on `/run`, a memory file system emptied at
+/// boot, since the knobs are reset at boot too.
+pub const SYSTEM_STATE_DIR: &str = "/run/kfuse";
+
+/// The original values of KSM knobs that one process changed and has not put back yet, as it
+/// recorded them (in [`Ksm::record_path`]) before changing any. A process killed by a signal it
+/// cannot catch leaves the record behind, and the next program that takes the KSM lock puts the
+/// knobs back ([`Ksm::recover`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KnobRecord {
+    /// The process that changed the knobs.
+    pub pid: u32,
+    /// Its start time in clock ticks after boot (`/proc/<pid>/stat`), which tells it from a
+    /// later process given the same pid.
+    pub start_time: u64,
+    /// Each changed knob with the raw value to put back.
+    pub knobs: Vec<(Knob, String)>,
+}
+
+const RECORD_HEADER: &str = "kfuse ksm knobs 1";
+
+impl KnobRecord {
+    /// An empty record of this process.
+    fn of_this_process() -> Result<KnobRecord, MemError> {
+        let pid = std::process::id();
+        let start_time = start_time(pid).ok_or_else(|| {
+            MemError::Parse(
+                PathBuf::from("/proc/self/stat"),
+                "no start time".to_string(),
+            )
+        })?;
+        Ok(KnobRecord {
+            pid,
+            start_time,
+            knobs: Vec::new(),
+        })
+    }
+
+    /// Whether the process that wrote the record is this one.
+    fn is_this_process(&self) -> bool {
+        self.pid == std::process::id() && start_time(self.pid) == Some(self.start_time)
+    }
+
+    /// Whether the process that wrote the record still runs (and may still put its knobs back).
+    pub fn writer_running(&self) -> bool {
+        start_time(self.pid) == Some(self.start_time)
+    }
+
+    fn to_text(&self) -> String {
+        let mut text = format!("{RECORD_HEADER}\npid {} {}\n", self.pid, self.start_time);
+        for (knob, value) in &self.knobs {
+            text += &format!("{} {value}\n", knob.file());
+        }
+        text
+    }
+
+    fn parse(text: &str, path: &Path) -> Result<KnobRecord, MemError> {
+        let bad = |line: &str| MemError::Parse(path.to_path_buf(), line.to_string());
+        let mut lines = text.lines();
+        if lines.next() != Some(RECORD_HEADER) {
+            return Err(bad(text.lines().next().unwrap_or("")));
+        }
+        let owner = lines.next().unwrap_or("");
+        let mut words = owner.split_whitespace();
+        let (Some("pid"), Some(pid), Some(start), None) =
+            (words.next(), words.next(), words.next(), words.next())
+        else {
+            return Err(bad(owner));
+        };
+        let mut record = KnobRecord {
+            pid: pid.parse().map_err(|_| bad(owner))?,
+            start_time: start.parse().map_err(|_| bad(owner))?,
+            knobs: Vec::new(),
+        };
+        for line in lines {
+            let (name, value) = line.split_once(' ').ok_or_else(|| bad(line))?;
+            let knob = Knob::from_file(name).ok_or_else(|| bad(line))?;
+            // Values go back into sysfs: only the words the kernel itself prints are accepted.
+            if value.is_empty()
+                || !value
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(bad(line));
+            }
+            record.knobs.push((knob, value.to_string()));
+        }
+        Ok(record)
+    }
+}
+
+/// A process's start time in clock ticks after boot, field 22 of `/proc/<pid>/stat`; `None` if
+/// no such process runs.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: count fields after it, from
+    // field 3.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// What [`Ksm::recover`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    /// No knobs wait to be put back.
+    Nothing,
+    /// The process that changed them still runs, and puts them back itself.
+    WriterRunning(u32),
+    /// Its knobs were put back.
+    Restored(KnobRecord),
+}
+
+impl Ksm {
+    fn state_dir(&self) -> PathBuf {
+        self.state_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(SYSTEM_STATE_DIR))
+    }
+
+    /// The record of knobs changed and not yet put back: `/run/kfuse/ksm-knobs` for the
+    /// system's KSM, `root/.kfuse/ksm-knobs` for a copy.
+    pub fn record_path(&self) -> PathBuf {
+        self.state_dir().join("ksm-knobs")
+    }
+
+    /// Creates the state directory if needed, mode 0700, and refuses one that another user
+    /// could have prepared: it must be a real directory (not a link), owned by this user and
+    /// writable by nobody else.
+    fn secure_state_dir(&self) -> Result<PathBuf, MemError> {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        let dir = self.state_dir();
+        match fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+        {
+            Ok(()) => {}
+            Err(e) => return Err(MemError::io(&dir, e)),
+        }
+        let meta = fs::symlink_metadata(&dir).map_err(|e| MemError::io(&dir, e))?;
+        if !meta.is_dir() || meta.uid() != sys::effective_uid() || meta.mode() & 0o022 != 0 {
+            return Err(MemError::Refused(format!(
+                "{} is not a directory of this user closed to others; kfuse does not keep its \
+                 record of KSM knobs there",
+                dir.display()
+            )));
+        }
+        Ok(dir)
+    }
+
+    /// The record of knobs changed and not yet put back, if there is one. A record this user
+    /// does not own, or a link in its place, is refused.
+    pub fn read_record(&self) -> Result<Option<KnobRecord>, MemError> {
+        use std::io::Read;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let path = self.record_path();
+        let mut file = match fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+        {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(MemError::io(&path, e)),
+        };
+        let meta = file.metadata().map_err(|e| MemError::io(&path, e))?;
+        if meta.uid() != sys::effective_uid() || meta.mode() & 0o077 != 0 {
+            return Err(MemError::Refused(format!(
+                "{} is not this user's private file; it is not trusted as a record of KSM knobs",
+                path.display()
+            )));
+        }
+        let mut text = String::new();
+        file.read_to_string(&mut text)
+            .map_err(|e| MemError::io(&path, e))?;
+        KnobRecord::parse(&text, &path).map(Some)
+    }
+
+    /// Replaces the record atomically: a new file created exclusively (never through a link),
+    /// mode 0600, synced, then renamed over the old one, so a crash leaves the old record or the
+    /// new one, never a mix.
+    fn write_record(&self, record: &KnobRecord) -> Result<(), MemError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = self.secure_state_dir()?;
+        let path = self.record_path();
+        let temporary = dir.join(format!("ksm-knobs.{}.tmp", std::process::id()));
+        // A file of this name is left only by a crashed process that had this pid.
+        let _ = fs::remove_file(&temporary);
+        let result = (|| {
+            let mut file = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&temporary)?;
+            file.write_all(record.to_text().as_bytes())?;
+            file.sync_all()?;
+            fs::rename(&temporary, &path)
+        })();
+        if let Err(e) = result {
+            let _ = fs::remove_file(&temporary);
+            return Err(MemError::io(&path, e));
+        }
+        Ok(())
+    }
+
+    fn remove_record(&self) -> Result<(), MemError> {
+        let path = self.record_path();
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(MemError::io(&path, e)),
+        }
+    }
+
+    /// Puts back the knobs a process recorded and could not restore because it died (killed by
+    /// SIGKILL, say), and removes the record; leaves the record of a process still running.
+    /// The caller should hold the KSM lock, so that nobody changes knobs meanwhile.
+    pub fn recover(&self) -> Result<Recovery, MemError> {
+        let Some(record) = self.read_record()? else {
+            return Ok(Recovery::Nothing);
+        };
+        if record.writer_running() {
+            return Ok(Recovery::WriterRunning(record.pid));
+        }
+        self.write_back(&record.knobs)?;
+        self.remove_record()?;
+        Ok(Recovery::Restored(record))
+    }
+
+    /// Writes raw knob values, `run` last, so ksmd never runs on a half-restored configuration;
+    /// reports the first failure after trying them all.
+    fn write_back(&self, knobs: &[(Knob, String)]) -> Result<(), MemError> {
+        let mut order: Vec<&(Knob, String)> = knobs.iter().rev().collect();
+        order.sort_by_key(|(knob, _)| *knob == Knob::Run);
+        let mut first_error = None;
+        for (knob, raw) in order {
+            if let Err(e) = self.write_raw(*knob, raw) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 }
 
@@ -451,7 +742,9 @@ impl Savings {
 
 /// Changes KSM knobs and puts every one it changed back as it was, when dropped or on
 /// [`KnobGuard::restore`]. `run` is restored last, so ksmd never runs with a half-restored
-/// configuration.
+/// configuration. Before it changes a knob for the first time it records the knob's value in
+/// [`Ksm::record_path`], so that the next program can put it back if this process is killed
+/// before it restores; knobs left by a process that died that way are put back first.
 pub struct KnobGuard {
     ksm: Ksm,
     saved: Vec<(Knob, String)>,
@@ -468,9 +761,10 @@ impl KnobGuard {
         }
     }
 
-    /// Sets a knob, remembering its first value.
+    /// Sets a knob, remembering (and recording) its first value.
     pub fn set(&mut self, knob: Knob, value: u64) -> Result<(), MemError> {
         if !self.saved.iter().any(|(k, _)| *k == knob) {
+            let mut record = self.current_record()?;
             let raw = self.ksm.read_raw(knob.file())?.ok_or_else(|| {
                 MemError::Unsupported(format!("this kernel has no KSM knob `{}`", knob.file()))
             })?;
@@ -479,9 +773,34 @@ impl KnobGuard {
             } else {
                 raw
             };
+            // Another guard of this process may have changed the knob first: its value is the
+            // original, and stays in the record.
+            if !record.knobs.iter().any(|(k, _)| *k == knob) {
+                record.knobs.push((knob, raw.clone()));
+            }
+            self.ksm.write_record(&record)?;
             self.saved.push((knob, raw));
         }
         self.ksm.set(knob, value)
+    }
+
+    /// The record this guard adds to: this process's own, or a fresh one once knobs left by a
+    /// dead process are put back. Another running process's record means two programs are
+    /// changing KSM settings at once, which is refused.
+    fn current_record(&self) -> Result<KnobRecord, MemError> {
+        match self.ksm.read_record()? {
+            Some(record) if record.is_this_process() => Ok(record),
+            Some(record) if record.writer_running() => Err(MemError::Refused(format!(
+                "pid {} changed KSM settings and has not put them back yet (see {})",
+                record.pid,
+                self.ksm.record_path().display()
+            ))),
+            Some(_) => {
+                self.ksm.recover()?;
+                KnobRecord::of_this_process()
+            }
+            None => KnobRecord::of_this_process(),
+        }
     }
 
     /// The knobs changed so far, with the values they will be restored to.
@@ -489,18 +808,28 @@ impl KnobGuard {
         &self.saved
     }
 
-    /// Puts every changed knob back; reports the first failure after trying them all.
+    /// Puts every changed knob back; reports the first failure after trying them all. Once all
+    /// are back they leave the record; after a failure they stay in it, for a later
+    /// [`Ksm::recover`].
     pub fn restore(&mut self) -> Result<(), MemError> {
         self.restored = true;
-        let mut order: Vec<&(Knob, String)> = self.saved.iter().rev().collect();
-        order.sort_by_key(|(knob, _)| *knob == Knob::Run);
-        let mut first_error = None;
-        for (knob, raw) in order {
-            if let Err(e) = self.ksm.write_raw(*knob, raw) {
-                first_error.get_or_insert(e);
-            }
+        if self.saved.is_empty() {
+            return Ok(());
         }
-        first_error.map_or(Ok(()), Err)
+        self.ksm.write_back(&self.saved)?;
+        let Some(mut record) = self.ksm.read_record()? else {
+            return Ok(());
+        };
+        if !record.is_this_process() {
+            return Ok(());
+        }
+        // Entries another guard of this process recorded first (with other values) stay.
+        record.knobs.retain(|entry| !self.saved.contains(entry));
+        if record.knobs.is_empty() {
+            self.ksm.remove_record()
+        } else {
+            self.ksm.write_record(&record)
+        }
     }
 }
 

@@ -37,7 +37,7 @@ use std::hash::Hasher;
 
 use siphasher::sip128::{Hasher128, SipHasher24};
 
-use crate::process::{Domain, Procfs};
+use crate::process::{Domain, DomainKind, Procfs};
 use crate::sys::{self, Region};
 use crate::MemError;
 
@@ -112,6 +112,7 @@ pub struct Pool {
     pending: HashMap<u128, String>,
     entries: BTreeMap<String, Entry>,
     clock: u64,
+    procfs: Procfs,
 }
 
 /// A named entry mapped into this process: its bytes are readable and writable, and writes never
@@ -148,6 +149,10 @@ impl Mapping {
 impl Pool {
     /// An empty pool for `domain`, with a fresh random hash key.
     pub fn new(domain: Domain, options: PoolOptions) -> Result<Pool, MemError> {
+        let procfs = Procfs::system();
+        if domain.kind() == DomainKind::Label {
+            procfs.check_labels()?;
+        }
         let mut key = [0u8; 16];
         sys::random_bytes(&mut key).map_err(|e| MemError::Os("getrandom".into(), e))?;
         Ok(Pool {
@@ -163,7 +168,14 @@ impl Pool {
             pending: HashMap::new(),
             entries: BTreeMap::new(),
             clock: 0,
+            procfs,
         })
+    }
+
+    /// Reads peers' cgroups and labels from a `/proc` copy at `procfs` instead of the system's
+    /// (tests).
+    pub fn set_procfs(&mut self, procfs: Procfs) {
+        self.procfs = procfs;
     }
 
     /// The domain this pool serves.
@@ -519,15 +531,35 @@ impl Pool {
         let (uid, _gid, pid) =
             sys::peer_credentials(stream).map_err(|e| MemError::Os("SO_PEERCRED".into(), e))?;
         let peer_domain = match &self.domain {
+            // The uid is the kernel's record of the connecting process, pid reuse or not.
             Domain::Uid(_) => Some(Domain::Uid(uid)),
-            other => Procfs::system().domain(pid as u32, other.kind())?,
+            // A cgroup or label is read from /proc by pid, and a pid names another process once
+            // the peer is gone: pin the peer first, and believe what was read only if that very
+            // process is still there afterwards.
+            other => match sys::PinnedProcess::peer(stream, pid) {
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => None,
+                Err(e) => return Err(MemError::Os("pidfd_open".into(), e)),
+                Ok(peer) => {
+                    let domain = self.procfs.domain(pid as u32, other.kind())?;
+                    let there = peer
+                        .still_there()
+                        .map_err(|e| MemError::Os("pidfd_send_signal".into(), e))?;
+                    domain.filter(|_| there)
+                }
+            },
         };
         if peer_domain.as_ref() != Some(&self.domain) {
-            let reason = format!(
-                "refused: peer pid {pid} is in {} and this pool serves {}",
-                peer_domain.map_or("an unknown domain".to_string(), |d| d.to_string()),
-                self.domain
-            );
+            let reason = match peer_domain {
+                Some(domain) => format!(
+                    "refused: peer pid {pid} is in {domain} and this pool serves {}",
+                    self.domain
+                ),
+                None => format!(
+                    "refused: peer pid {pid} exited before its domain could be checked, and \
+                     this pool serves {}",
+                    self.domain
+                ),
+            };
             let _ = sys::send_with_fds(stream, format!("error {reason}").as_bytes(), &[]);
             return Err(MemError::Refused(reason));
         }
@@ -696,9 +728,7 @@ impl Handle {
         let length = (text.len() as u64).to_le_bytes();
         let fds: Vec<_> = self.segments.iter().map(|f| f.as_raw_fd()).collect();
         sys::send_with_fds(stream, &length, &fds).map_err(|e| MemError::Os("sendmsg".into(), e))?;
-        let mut writer = stream;
-        writer
-            .write_all(text.as_bytes())
+        sys::send_all(stream, text.as_bytes())
             .map_err(|e| MemError::Os("sending a pool handle".into(), e))
     }
 
@@ -761,9 +791,13 @@ impl Handle {
             let (segment, offset) = line.split_once(' ').ok_or_else(|| bad("bad chunk line"))?;
             let segment: usize = segment.parse().map_err(|_| bad("bad segment number"))?;
             let offset: u64 = offset.parse().map_err(|_| bad("bad chunk offset"))?;
+            // The sender chooses the offset: its end is computed without wrapping, since an
+            // offset of 2^64 - page would otherwise wrap to 0 and pass.
             if segment >= segments.len()
                 || !offset.is_multiple_of(page)
-                || offset + page > sizes[segment]
+                || offset
+                    .checked_add(page)
+                    .is_none_or(|end| end > sizes[segment])
             {
                 return Err(bad("a chunk lies outside its segment"));
             }

@@ -13,7 +13,8 @@ pub enum DomainKind {
     Uid,
     /// By control group path (`/proc/<pid>/cgroup`).
     Cgroup,
-    /// By security label (`/proc/<pid>/attr/current`: SELinux context or AppArmor profile).
+    /// By security label (`/proc/<pid>/attr/current`: SELinux context or AppArmor profile);
+    /// needs a security module that labels processes (see [`Procfs::check_labels`]).
     Label,
 }
 
@@ -257,17 +258,34 @@ impl Procfs {
                 Ok(Some(Domain::Cgroup(path.to_string())))
             }
             DomainKind::Label => {
-                let label = read_optional(&dir.join("attr/current"))
-                    .ok()
-                    .flatten()
-                    .map(|l| l.trim_end_matches('\0').trim().to_string())
-                    .filter(|l| !l.is_empty())
-                    .unwrap_or_else(|| "unconfined".to_string());
-                if !dir.exists() {
-                    return Ok(None);
+                let path = dir.join("attr/current");
+                let text = match fs::read_to_string(&path) {
+                    Ok(text) => text,
+                    // Without a security module the file cannot be read: every process would
+                    // count as "unconfined", which separates nothing.
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Err(no_labels()),
+                    Err(e) if gone(&e) => return Ok(None),
+                    Err(e) => return Err(MemError::io(&path, e)),
+                };
+                let label = text.trim_end_matches('\0').trim();
+                if label.is_empty() {
+                    return Err(no_labels());
                 }
-                Ok(Some(Domain::Label(label)))
+                Ok(Some(Domain::Label(label.to_string())))
             }
+        }
+    }
+
+    /// Refuses label domains where no security module (SELinux, AppArmor, Smack) labels
+    /// processes: there `/proc/<pid>/attr/current` cannot be read, every process would count as
+    /// `unconfined`, and a label domain would admit everyone.
+    pub fn check_labels(&self) -> Result<(), MemError> {
+        let path = self.root.join("self/attr/current");
+        match fs::read_to_string(&path) {
+            Ok(text) if !text.trim_end_matches('\0').trim().is_empty() => Ok(()),
+            Ok(_) => Err(no_labels()),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) || gone(&e) => Err(no_labels()),
+            Err(e) => Err(MemError::io(&path, e)),
         }
     }
 
@@ -325,19 +343,29 @@ impl SmapsKsm {
     }
 }
 
+/// The refusal of a label domain on a machine without a labelling security module.
+fn no_labels() -> MemError {
+    MemError::Unsupported(
+        "label domains need a security module that labels processes (SELinux, AppArmor or \
+         Smack), and none is loaded here: every process would read as `unconfined`; use \
+         uid:N or cgroup:PATH"
+            .into(),
+    )
+}
+
+/// Whether a read failed because the process is gone or hides the file: a process may exit
+/// between listing and reading, and some files are hidden from other users.
+fn gone(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+    ) || error.raw_os_error() == Some(libc::ESRCH)
+}
+
 fn read_optional(path: &Path) -> Result<Option<String>, MemError> {
     match fs::read_to_string(path) {
         Ok(text) => Ok(Some(text)),
-        // A process may exit between listing and reading, and some files are hidden from
-        // other users: both read as absent.
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
-            ) || e.raw_os_error() == Some(libc::ESRCH) =>
-        {
-            Ok(None)
-        }
+        Err(e) if gone(&e) => Ok(None),
         Err(e) => Err(MemError::io(path, e)),
     }
 }

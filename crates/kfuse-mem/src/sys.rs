@@ -275,6 +275,96 @@ pub fn peer_credentials(stream: &UnixStream) -> io::Result<(u32, u32, i32)> {
     Ok((cred.uid, cred.gid, cred.pid))
 }
 
+/// `SO_PEERPIDFD` (Linux 6.5): a pidfd of the process that connected. The asm-generic value,
+/// which x86-64 and arm64 use; not yet in every libc.
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// A process pinned by a pidfd: the descriptor keeps referring to that very process, whatever
+/// later process is given its pid. Facts read from `/proc/<pid>` belong to the pinned process if
+/// it is still there once they have been read, since a pid is reused only after its process is
+/// gone.
+pub struct PinnedProcess {
+    pid: i32,
+    pidfd: OwnedFd,
+}
+
+impl PinnedProcess {
+    /// Pins the process at the other end of a Unix socket, whose pid `SO_PEERCRED` gave as `pid`.
+    /// The kernel's own pidfd of the connecting process is used where it has one
+    /// (`SO_PEERPIDFD`); elsewhere the pid is opened at once (`pidfd_open`, Linux 5.3), which
+    /// leaves only the moment since the peer connected for its pid to be reused. Fails with
+    /// `ESRCH` if the peer is already gone.
+    pub fn peer(stream: &UnixStream, pid: i32) -> io::Result<PinnedProcess> {
+        let mut fd: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `fd`.
+        let peer = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERPIDFD,
+                &mut fd as *mut libc::c_int as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        if peer == 0 && fd >= 0 {
+            // SAFETY: a fresh descriptor the kernel gave us.
+            let pidfd = unsafe { OwnedFd::from_raw_fd(fd) };
+            return Ok(PinnedProcess { pid, pidfd });
+        }
+        let error = io::Error::last_os_error();
+        match error.raw_os_error() {
+            // A kernel before 6.5: open the pid while the peer is most likely still there.
+            Some(libc::ENOPROTOOPT) => PinnedProcess::open(pid),
+            // The kernel knows the option but has no process to give: the peer is gone, and
+            // opening its pid could pin a stranger.
+            Some(libc::EINVAL | libc::ESRCH) => Err(io::Error::from_raw_os_error(libc::ESRCH)),
+            _ => Err(error),
+        }
+    }
+
+    /// Pins the process that has `pid` now (`pidfd_open`).
+    pub fn open(pid: i32) -> io::Result<PinnedProcess> {
+        // SAFETY: pidfd_open takes integers and returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor the kernel gave us.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        Ok(PinnedProcess { pid, pidfd })
+    }
+
+    /// The pid the process had when it was pinned.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Whether the pinned process has not yet been reaped, so that its pid still names it.
+    pub fn still_there(&self) -> io::Result<bool> {
+        // SAFETY: signal 0 only checks that the process exists; no signal is sent.
+        let result = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.pidfd.as_raw_fd(),
+                0,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if result == 0 {
+            return Ok(true);
+        }
+        let error = io::Error::last_os_error();
+        match error.raw_os_error() {
+            Some(libc::ESRCH) => Ok(false),
+            // Not allowed to signal it, which means it exists.
+            Some(libc::EPERM) => Ok(true),
+            _ => Err(error),
+        }
+    }
+}
+
 /// The most descriptors one message carries.
 pub const MAX_FDS: usize = 253;
 
@@ -324,6 +414,31 @@ pub fn send_with_fds(stream: &UnixStream, payload: &[u8], fds: &[RawFd]) -> io::
             io::ErrorKind::WriteZero,
             "short send of a descriptor message",
         ));
+    }
+    Ok(())
+}
+
+/// Writes all of `bytes` to a connected socket without raising SIGPIPE if the peer has gone
+/// (`MSG_NOSIGNAL`): a program that keeps SIGPIPE's default action gets an error, not death.
+pub fn send_all(stream: &UnixStream, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        // SAFETY: send reads at most `bytes.len()` bytes from a live buffer.
+        let sent = unsafe {
+            libc::send(
+                stream.as_raw_fd(),
+                bytes.as_ptr() as *const libc::c_void,
+                bytes.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if sent < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        bytes = &bytes[sent as usize..];
     }
     Ok(())
 }
@@ -381,22 +496,72 @@ pub fn recv_with_fds(
 }
 
 /// Holds an exclusive `flock` on a file until dropped: serializes everything that changes the
-/// machine-wide KSM settings (tests, the governor, the demo).
+/// machine-wide KSM settings (tests, the governor, the demo). The holder writes its pid into
+/// the file, so that a program refused the lock can say who has it.
 pub struct FileLock {
     _file: File,
 }
 
+/// Why [`FileLock::try_exclusive`] did not get the lock.
+#[derive(Debug)]
+pub enum LockError {
+    /// Another open file description holds it; the pid its holder wrote, if it did.
+    Held(Option<u32>),
+    /// The file could not be opened or locked.
+    Io(io::Error),
+}
+
 impl FileLock {
-    /// Blocks until the lock on `path` (created if missing) is ours.
-    pub fn exclusive(path: &std::path::Path) -> io::Result<FileLock> {
-        let file = std::fs::OpenOptions::new()
+    /// Opens the lock file without following a symbolic link, since it may lie in a directory
+    /// anyone can write (`/run/lock`, the temporary directory).
+    fn open(path: &std::path::Path) -> io::Result<File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
+            .read(true)
             .write(true)
-            .open(path)?;
-        // SAFETY: flock on a descriptor we hold.
-        check(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) })?;
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+    }
+
+    /// Records this process as the holder.
+    fn taken(mut file: File) -> io::Result<FileLock> {
+        use std::io::{Seek, Write};
+        file.set_len(0)?;
+        file.rewind()?;
+        writeln!(file, "{}", std::process::id())?;
         Ok(FileLock { _file: file })
+    }
+
+    /// Blocks until the lock on `path` (created if missing) is ours.
+    pub fn exclusive(path: &std::path::Path) -> io::Result<FileLock> {
+        let file = FileLock::open(path)?;
+        loop {
+            // SAFETY: flock on a descriptor we hold.
+            match check(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) }) {
+                Ok(_) => return FileLock::taken(file),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Takes the lock on `path` (created if missing) if nobody holds it, without waiting.
+    pub fn try_exclusive(path: &std::path::Path) -> Result<FileLock, LockError> {
+        let file = FileLock::open(path).map_err(LockError::Io)?;
+        // SAFETY: flock on a descriptor we hold.
+        match check(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }) {
+            Ok(_) => FileLock::taken(file).map_err(LockError::Io),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let holder = std::fs::read_to_string(path)
+                    .ok()
+                    .and_then(|text| text.trim().parse().ok());
+                Err(LockError::Held(holder))
+            }
+            Err(e) => Err(LockError::Io(e)),
+        }
     }
 }
 
@@ -449,18 +614,25 @@ extern "C" fn request_stop(_signal: libc::c_int) {
     STOP.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
-/// Makes SIGINT and SIGTERM set a flag instead of killing the process, so a long-running loop
-/// (the governor, `mem top`) can stop cleanly and restore what it changed.
+/// Makes SIGINT, SIGTERM, SIGHUP (a closed terminal) and SIGQUIT set a flag instead of killing
+/// the process, so a long-running loop (the governor, `mem top`) can stop cleanly and restore
+/// what it changed. SIGPIPE is ignored, so that a reader closing the loop's output shows as a
+/// write error the loop can stop on, rather than killing it with knobs still changed. Only
+/// SIGKILL is left to end it uncleanly, and the record its knob guard keeps covers that.
 pub fn install_stop_handlers() {
-    for signal in [libc::SIGINT, libc::SIGTERM] {
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe {
             libc::signal(signal, request_stop as *const () as libc::sighandler_t);
         }
     }
+    // SAFETY: ignoring a signal touches no memory of this program.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
 }
 
-/// Whether SIGINT or SIGTERM arrived since [`install_stop_handlers`].
+/// Whether SIGINT, SIGTERM, SIGHUP or SIGQUIT arrived since [`install_stop_handlers`].
 pub fn stop_requested() -> bool {
     STOP.load(std::sync::atomic::Ordering::SeqCst)
 }

@@ -7,7 +7,7 @@ use std::fs;
 use std::path::PathBuf;
 
 use common::{ksm_or_skip, merged_pages_in, page_of, wait_for};
-use kfuse_mem::ksm::{cpu_seconds_from_stat, Counters, Knob, KnobGuard, Ksm, Savings};
+use kfuse_mem::ksm::{cpu_seconds_from_stat, Counters, Knob, KnobGuard, Ksm, Recovery, Savings};
 use kfuse_mem::process::{Procfs, SmapsKsm};
 use kfuse_mem::sys::{self, Region};
 use kfuse_mem::MemError;
@@ -158,7 +158,11 @@ fn proc_text_is_parsed_without_trusting_it() {
 fn this_kernel_s_features_are_detected() {
     let ksm = Ksm::system();
     if !ksm.available() {
-        eprintln!("SKIPPED this_kernel_s_features_are_detected: no KSM in this kernel");
+        kfuse_testkit::skip(
+            "this_kernel_s_features_are_detected",
+            kfuse_testkit::Prerequisite::Ksm,
+            "no KSM in this kernel",
+        );
         return;
     }
     let f = ksm.features().unwrap();
@@ -285,6 +289,158 @@ fn kernels_without_ksm_stat_still_report_merging_pages() {
     assert!(
         Procfs::at(&dir).ksm(43).unwrap().is_none(),
         "no such process"
+    );
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// The fake directory's record of changed knobs, as text, if there is one.
+fn record_text(ksm: &Ksm) -> Option<String> {
+    fs::read_to_string(ksm.record_path()).ok()
+}
+
+#[test]
+fn knobs_are_recorded_before_they_change_and_the_record_goes_with_the_restore() {
+    use std::os::unix::fs::PermissionsExt;
+    let (ksm, dir) = fake(
+        "record",
+        &[
+            ("run", "0"),
+            ("pages_to_scan", "100"),
+            ("sleep_millisecs", "20"),
+        ],
+    );
+    let mut guard = KnobGuard::new(&ksm);
+    guard.set(Knob::PagesToScan, 5000).unwrap();
+    guard.set(Knob::Run, 1).unwrap();
+    let text = record_text(&ksm).expect("a record while knobs are changed");
+    assert!(
+        text.contains(&format!("\npid {} ", std::process::id())),
+        "{text}"
+    );
+    assert!(text.ends_with("\npages_to_scan 100\nrun 0\n"), "{text}");
+    let mode = fs::metadata(ksm.record_path())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    guard.restore().unwrap();
+    assert_eq!(
+        record_text(&ksm),
+        None,
+        "the record goes once the knobs are back"
+    );
+    assert_eq!(ksm.get(Knob::Run).unwrap(), Some(0));
+    // Where the record cannot be written, the knob is not changed.
+    fs::remove_dir_all(dir.join("ksm/.kfuse")).unwrap();
+    fs::write(dir.join("ksm/.kfuse"), "not a directory").unwrap();
+    let mut guard = KnobGuard::new(&ksm);
+    assert!(guard.set(Knob::PagesToScan, 5000).is_err());
+    assert_eq!(ksm.get(Knob::PagesToScan).unwrap(), Some(100));
+    drop(guard);
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// Makes the record look written by a process that died: same pid, another start time, as
+/// when the pid has been reused.
+fn as_if_its_writer_died(ksm: &Ksm) {
+    let text = record_text(ksm).unwrap();
+    let owner = format!("pid {} ", std::process::id());
+    let start = text.find(&owner).unwrap() + owner.len();
+    let end = start + text[start..].find('\n').unwrap();
+    fs::write(
+        ksm.record_path(),
+        format!("{}1{}", &text[..start], &text[end..]),
+    )
+    .unwrap();
+}
+
+#[test]
+fn knobs_left_by_a_process_that_died_are_put_back() {
+    let (ksm, dir) = fake(
+        "recover",
+        &[
+            ("run", "0"),
+            ("pages_to_scan", "100"),
+            ("sleep_millisecs", "20"),
+        ],
+    );
+    assert_eq!(ksm.recover().unwrap(), Recovery::Nothing);
+    // A guard that never restores, as in a process killed by SIGKILL.
+    let mut guard = KnobGuard::new(&ksm);
+    guard.set(Knob::PagesToScan, 5000).unwrap();
+    guard.set(Knob::Run, 1).unwrap();
+    std::mem::forget(guard);
+    // While its writer runs, the record is left to it.
+    assert_eq!(
+        ksm.recover().unwrap(),
+        Recovery::WriterRunning(std::process::id())
+    );
+    assert_eq!(ksm.get(Knob::Run).unwrap(), Some(1));
+    as_if_its_writer_died(&ksm);
+    match ksm.recover().unwrap() {
+        Recovery::Restored(record) => assert_eq!(
+            record.knobs,
+            vec![
+                (Knob::PagesToScan, "100".to_string()),
+                (Knob::Run, "0".to_string())
+            ]
+        ),
+        other => panic!("nothing put back: {other:?}"),
+    }
+    assert_eq!(ksm.get(Knob::PagesToScan).unwrap(), Some(100));
+    assert_eq!(ksm.get(Knob::Run).unwrap(), Some(0));
+    assert_eq!(record_text(&ksm), None);
+    // A guard that finds such a record puts its knobs back before taking its own originals.
+    let mut guard = KnobGuard::new(&ksm);
+    guard.set(Knob::PagesToScan, 5000).unwrap();
+    std::mem::forget(guard);
+    as_if_its_writer_died(&ksm);
+    let mut guard = KnobGuard::new(&ksm);
+    guard.set(Knob::PagesToScan, 300).unwrap();
+    assert_eq!(
+        guard.changed(),
+        &[(Knob::PagesToScan, "100".to_string())][..]
+    );
+    drop(guard);
+    assert_eq!(ksm.get(Knob::PagesToScan).unwrap(), Some(100));
+    let _ = fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_record_that_is_a_link_open_to_others_or_garbled_is_not_trusted() {
+    use std::os::unix::fs::PermissionsExt;
+    let (ksm, dir) = fake("untrusted", &[("run", "0"), ("pages_to_scan", "100")]);
+    let mut guard = KnobGuard::new(&ksm);
+    guard.set(Knob::Run, 1).unwrap();
+    std::mem::forget(guard);
+    as_if_its_writer_died(&ksm);
+    let path = ksm.record_path();
+    let good = fs::read_to_string(&path).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+    assert!(matches!(ksm.recover(), Err(MemError::Refused(_))));
+    fs::remove_file(&path).unwrap();
+    let elsewhere = dir.join("elsewhere");
+    fs::write(&elsewhere, &good).unwrap();
+    fs::set_permissions(&elsewhere, fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+    assert!(ksm.recover().is_err(), "a link is not followed");
+    fs::remove_file(&path).unwrap();
+    for garbled in [
+        good.replace("run 0", "run 0; reboot"),
+        good.replace("run 0", "no_such_knob 0"),
+        good.replace("kfuse ksm knobs 1", "something else"),
+    ] {
+        fs::write(&path, &garbled).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(
+            matches!(ksm.recover(), Err(MemError::Parse(..))),
+            "{garbled}"
+        );
+    }
+    assert_eq!(
+        ksm.get(Knob::Run).unwrap(),
+        Some(1),
+        "nothing was written back"
     );
     let _ = fs::remove_dir_all(dir);
 }

@@ -217,6 +217,97 @@ fn a_handle_with_an_unsealed_or_malformed_segment_is_refused() {
         let result = send(&bad, &[unsealed.as_raw_fd()]);
         assert!(matches!(result, Err(MemError::BadHandle(_))), "{bad:?}");
     }
+    // An offset whose end wraps past 2^64 to 0.
+    let wrapping = format!(
+        "kfuse-pool 1\nw\n{page}\n1\n0 {}\n",
+        u64::MAX - page as u64 + 1
+    );
+    match send(&wrapping, &[unsealed.as_raw_fd()]) {
+        Err(MemError::BadHandle(m)) => assert!(m.contains("outside its segment"), "{m}"),
+        other => panic!("a wrapping offset was accepted: {:?}", other.err()),
+    }
+}
+
+/// A process that connects to `socket` and exits at once; returns its pid once it is reaped,
+/// when its pid is free for any new process to take.
+fn connect_and_vanish(socket: &std::path::Path) -> u32 {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: sockaddr_un is plain data.
+    let mut address: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    address.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (to, from) in address
+        .sun_path
+        .iter_mut()
+        .zip(socket.as_os_str().as_bytes())
+    {
+        *to = *from as libc::c_char;
+    }
+    // SAFETY: the child only makes system calls before `_exit`, which is safe after fork in a
+    // threaded process; the parent waits for it.
+    unsafe {
+        let child = libc::fork();
+        assert!(child >= 0, "fork failed");
+        if child == 0 {
+            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+            let connected = libc::connect(
+                fd,
+                &address as *const libc::sockaddr_un as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            );
+            libc::_exit(if connected == 0 { 0 } else { 1 });
+        }
+        let mut status = 0;
+        assert_eq!(libc::waitpid(child, &mut status, 0), child);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        child as u32
+    }
+}
+
+/// A pool of a cgroup domain reads the peer's cgroup from `/proc/<pid>`, which names another
+/// process once the peer is gone. The peer is pinned by a pidfd, so a peer that vanished is
+/// refused even when `/proc/<its pid>` (here a copy the test writes) shows the right cgroup.
+#[test]
+fn a_peer_that_vanished_is_refused_even_if_its_pid_shows_the_right_domain() {
+    let dir = std::env::temp_dir().join(format!("kfuse-pool-pidfd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fake_proc = dir.join("proc");
+    let in_tenant = |pid: u32| {
+        std::fs::create_dir_all(fake_proc.join(pid.to_string())).unwrap();
+        std::fs::write(fake_proc.join(format!("{pid}/cgroup")), "0::/tenant-a\n").unwrap();
+    };
+    let data = pages(&[2, 7, 1]);
+    let mut pool = Pool::new(Domain::Cgroup("/tenant-a".into()), PoolOptions::default()).unwrap();
+    pool.set_procfs(kfuse_mem::process::Procfs::at(&fake_proc));
+    let mut mapping = pool.insert("weights", &data).unwrap();
+    pool.share(&mut mapping).unwrap();
+    let socket = dir.join("pool.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+
+    // A live peer of the domain is served.
+    let client = UnixStream::connect(&socket).unwrap();
+    let (server, _) = listener.accept().unwrap();
+    in_tenant(std::process::id());
+    pool.serve(&server, "weights").unwrap();
+    assert_eq!(
+        Handle::receive(&client).unwrap().map().unwrap().as_slice(),
+        &data[..]
+    );
+
+    // A peer that connected and vanished is not, whatever its pid now shows.
+    let pid = connect_and_vanish(&socket);
+    let (server, _) = listener.accept().unwrap();
+    in_tenant(pid);
+    match pool.serve(&server, "weights") {
+        Err(MemError::Refused(reason)) => {
+            assert!(
+                reason.contains(&format!("peer pid {pid} exited")),
+                "{reason}"
+            )
+        }
+        other => panic!("a vanished peer was not refused: {other:?}"),
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::fs::File;
 use std::io::{Read, Seek, Write};
 use std::path::Path;
 
-use kfuse_ir::{Array, DType, Shape, Storage};
+use kfuse_ir::{Array, DType, Shape, Storage, TensorType};
 
 /// Why a file could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +24,9 @@ pub enum NpyError {
     Unsupported(String),
     #[error("not a valid .npz archive: {0}")]
     Zip(String),
+    /// An `.npz` member whose header the caller refused, before its data was read.
+    #[error("{0}")]
+    Rejected(String),
 }
 
 const MAGIC: &[u8] = b"\x93NUMPY";
@@ -50,35 +53,21 @@ fn parse_header(text: &str) -> Result<Header, NpyError> {
     let (mut descr, mut fortran, mut shape) = (None, None, None);
     let mut rest = body.trim();
     while !rest.is_empty() {
-        let quote = rest.chars().next().filter(|c| *c == '\'' || *c == '"');
-        let Some(q) = quote else {
+        let Some((key, after)) = quoted(rest)? else {
             return format_err(format!("expected a quoted key at {rest:?}"));
         };
-        let end = rest[1..]
-            .find(q)
-            .ok_or_else(|| NpyError::Format("unterminated key".into()))?
-            + 1;
-        let key = &rest[1..end];
-        rest = rest[end + 1..].trim_start();
-        rest = rest
+        rest = after
+            .trim_start()
             .strip_prefix(':')
             .ok_or_else(|| NpyError::Format(format!("expected ':' after key {key:?}")))?
             .trim_start();
         match key {
             "descr" => {
-                let q = rest
-                    .chars()
-                    .next()
-                    .filter(|c| *c == '\'' || *c == '"')
-                    .ok_or_else(|| {
-                        NpyError::Unsupported("structured dtypes (descr is not a string)".into())
-                    })?;
-                let end = rest[1..]
-                    .find(q)
-                    .ok_or_else(|| NpyError::Format("unterminated descr".into()))?
-                    + 1;
-                descr = Some(rest[1..end].to_string());
-                rest = &rest[end + 1..];
+                let (text, after) = quoted(rest)?.ok_or_else(|| {
+                    NpyError::Unsupported("structured dtypes (descr is not a string)".into())
+                })?;
+                descr = Some(text.to_string());
+                rest = after;
             }
             "fortran_order" => {
                 if let Some(r) = rest.strip_prefix("True") {
@@ -95,10 +84,10 @@ fn parse_header(text: &str) -> Result<Header, NpyError> {
                 let inner = rest
                     .strip_prefix('(')
                     .ok_or_else(|| NpyError::Format("shape is not a tuple".into()))?;
-                let close = inner
-                    .find(')')
+                let (tuple, after) = inner
+                    .split_once(')')
                     .ok_or_else(|| NpyError::Format("unterminated shape tuple".into()))?;
-                let dims = inner[..close]
+                let dims = tuple
                     .split(',')
                     .map(str::trim)
                     .filter(|s| !s.is_empty())
@@ -109,7 +98,7 @@ fn parse_header(text: &str) -> Result<Header, NpyError> {
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 shape = Some(dims);
-                rest = &inner[close + 1..];
+                rest = after;
             }
             other => return format_err(format!("unknown header key {other:?}")),
         }
@@ -126,12 +115,29 @@ fn parse_header(text: &str) -> Result<Header, NpyError> {
     }
 }
 
+/// Splits a quoted Python string literal off the front of `text`: `Ok(None)` if `text` does not
+/// start with a quote, else the literal's contents and what follows the closing quote. Slicing
+/// happens only next to the one-byte quotes, so any text, whatever its characters, is safe.
+fn quoted(text: &str) -> Result<Option<(&str, &str)>, NpyError> {
+    let Some(quote) = text.chars().next().filter(|c| *c == '\'' || *c == '"') else {
+        return Ok(None);
+    };
+    let inner = &text[quote.len_utf8()..];
+    let end = inner
+        .find(quote)
+        .ok_or_else(|| NpyError::Format(format!("unterminated string at {text:?}")))?;
+    Ok(Some((&inner[..end], &inner[end + quote.len_utf8()..])))
+}
+
 /// Maps a numpy descr to a dtype and whether its bytes are big-endian.
 fn dtype_of(descr: &str) -> Result<(DType, bool), NpyError> {
-    let (order, code) = descr.split_at(descr.len().min(1));
+    // The byte-order mark is one character, which need not be one byte in a hostile header.
+    let mut chars = descr.chars();
+    let order = chars.next();
+    let code = chars.as_str();
     let big = match order {
-        "<" | "|" | "=" => false,
-        ">" => true,
+        Some('<' | '|' | '=') => false,
+        Some('>') => true,
         _ => return Err(NpyError::Unsupported(format!("dtype {descr:?}"))),
     };
     let dtype = match code {
@@ -163,8 +169,23 @@ fn descr_of(dtype: DType) -> &'static str {
     }
 }
 
-/// Reads one array from `.npy` bytes.
-pub fn read_npy(mut reader: impl Read) -> Result<Array, NpyError> {
+/// What a `.npy` header declares, read before any of the data.
+struct Preamble {
+    /// The array's dtype and shape.
+    ty: TensorType,
+    /// Whether the data's bytes are big-endian.
+    big_endian: bool,
+    /// Whether the data is in column-major order.
+    fortran_order: bool,
+    /// Bytes of the data the shape needs.
+    n_bytes: usize,
+    /// Bytes of the file before the data: magic, version, header length and header.
+    header_bytes: u64,
+}
+
+/// Reads and checks the magic string, the version and the header, leaving `reader` at the
+/// first byte of the data. Every size the header implies is computed with checked arithmetic.
+fn read_preamble(reader: &mut impl Read) -> Result<Preamble, NpyError> {
     let mut prefix = [0u8; 8];
     reader
         .read_exact(&mut prefix)
@@ -172,20 +193,20 @@ pub fn read_npy(mut reader: impl Read) -> Result<Array, NpyError> {
     if &prefix[..6] != MAGIC {
         return format_err("missing the \\x93NUMPY magic string");
     }
-    let header_len = match prefix[6] {
+    let (header_len, length_bytes) = match prefix[6] {
         1 => {
             let mut b = [0u8; 2];
             reader
                 .read_exact(&mut b)
                 .map_err(|_| NpyError::Format("truncated header length".into()))?;
-            u16::from_le_bytes(b) as usize
+            (u16::from_le_bytes(b) as usize, 2)
         }
         2 | 3 => {
             let mut b = [0u8; 4];
             reader
                 .read_exact(&mut b)
                 .map_err(|_| NpyError::Format("truncated header length".into()))?;
-            u32::from_le_bytes(b) as usize
+            (u32::from_le_bytes(b) as usize, 4)
         }
         v => {
             return Err(NpyError::Unsupported(format!(
@@ -204,7 +225,7 @@ pub fn read_npy(mut reader: impl Read) -> Result<Array, NpyError> {
     let header =
         String::from_utf8(header).map_err(|_| NpyError::Format("header is not text".into()))?;
     let header = parse_header(&header)?;
-    let (dtype, big) = dtype_of(&header.descr)?;
+    let (dtype, big_endian) = dtype_of(&header.descr)?;
     if header.shape.len() > kfuse_ir::shape::MAX_RANK {
         return Err(NpyError::Unsupported(format!(
             "rank {} (kfuse allows up to {})",
@@ -213,32 +234,83 @@ pub fn read_npy(mut reader: impl Read) -> Result<Array, NpyError> {
         )));
     }
     let shape = Shape::new(header.shape);
-    let n_bytes = shape
-        .checked_n_elems()
+    // Strides multiply every extent but the innermost, so even an empty array must keep the
+    // product of its nonzero extents in range: (0, 2^40, 2^40) holds nothing, yet its strides
+    // overflow.
+    let extent_bytes = shape
+        .dims()
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(dtype.size_bytes(), |acc, &d| acc.checked_mul(d));
+    let n_bytes = extent_bytes
+        .and(shape.checked_n_elems())
         .and_then(|n| n.checked_mul(dtype.size_bytes()))
         .ok_or_else(|| NpyError::Format(format!("shape {shape} is too large")))?;
-    // Read at most the bytes the shape needs, so a lying header cannot force a huge allocation.
+    Ok(Preamble {
+        ty: TensorType { dtype, shape },
+        big_endian,
+        fortran_order: header.fortran_order,
+        n_bytes,
+        header_bytes: (MAGIC.len() + 2 + length_bytes + header_len) as u64,
+    })
+}
+
+/// Reads the data a preamble declares. `available` is how many bytes follow the header where
+/// the container says (a file's length, an archive member's size): a header that declares more
+/// is refused before anything is allocated.
+fn read_data(
+    reader: impl Read,
+    preamble: Preamble,
+    available: Option<u64>,
+) -> Result<Array, NpyError> {
+    let Preamble {
+        ty: TensorType { dtype, shape },
+        big_endian,
+        fortran_order,
+        n_bytes,
+        ..
+    } = preamble;
+    let truncated = |found: u64| {
+        NpyError::Format(format!(
+            "data is truncated: shape {shape} of {dtype} needs {n_bytes} bytes, found {found}"
+        ))
+    };
     let mut data = Vec::new();
+    // Without a length to check against, the buffer grows only as data actually arrives, so a
+    // lying header cannot force a huge allocation.
+    if let Some(available) = available {
+        if (n_bytes as u64) > available {
+            return Err(truncated(available));
+        }
+        data.try_reserve_exact(n_bytes).map_err(|_| {
+            NpyError::Format(format!(
+                "cannot allocate {n_bytes} bytes for shape {shape} of {dtype}"
+            ))
+        })?;
+    }
     reader.take(n_bytes as u64).read_to_end(&mut data)?;
     if data.len() != n_bytes {
-        return format_err(format!(
-            "data is truncated: shape {shape} of {dtype} needs {n_bytes} bytes, found {}",
-            data.len()
-        ));
+        return Err(truncated(data.len() as u64));
     }
     let size = dtype.size_bytes();
-    if big && size > 1 {
+    if big_endian && size > 1 {
         for chunk in data.chunks_exact_mut(size) {
             chunk.reverse();
         }
     }
     let storage = decode(dtype, &data)?;
-    let storage = if header.fortran_order && shape.rank() > 1 {
+    let storage = if fortran_order && shape.rank() > 1 && n_bytes > 0 {
         fortran_to_c(storage, &shape)
     } else {
         storage
     };
     Array::new(shape, storage).map_err(|e| NpyError::Format(e.to_string()))
+}
+
+/// Reads one array from `.npy` bytes.
+pub fn read_npy(mut reader: impl Read) -> Result<Array, NpyError> {
+    let preamble = read_preamble(&mut reader)?;
+    read_data(reader, preamble, None)
 }
 
 fn decode(dtype: DType, data: &[u8]) -> Result<Storage, NpyError> {
@@ -350,10 +422,15 @@ pub fn write_npy(mut writer: impl Write, array: &Array) -> Result<(), NpyError> 
     Ok(())
 }
 
-/// Reads a `.npy` file.
+/// Reads a `.npy` file. A header that declares more data than the file holds is refused before
+/// anything is allocated for it.
 pub fn load_npy(path: &Path) -> Result<Array, NpyError> {
     let file = File::open(path)?;
-    read_npy(std::io::BufReader::new(file))
+    let length = file.metadata()?.len();
+    let mut reader = std::io::BufReader::new(file);
+    let preamble = read_preamble(&mut reader)?;
+    let available = length.saturating_sub(preamble.header_bytes);
+    read_data(reader, preamble, Some(available))
 }
 
 /// Writes a `.npy` file atomically: the data goes to a temporary file beside it, which is then
@@ -399,10 +476,21 @@ fn atomic_write(
 
 /// Reads every array of an `.npz` archive, in archive order, named without the `.npy` suffix.
 pub fn read_npz(reader: impl Read + Seek) -> Result<Vec<(String, Array)>, NpyError> {
+    read_npz_checked(reader, |_, _| Ok(()))
+}
+
+/// [`read_npz`], with `check` called on each member's name (without `.npy`) and declared type
+/// as soon as its header is read: an `Err(reason)` stops the read with
+/// [`NpyError::Rejected`] before the member's data is decompressed or allocated, so a caller
+/// that knows the types it expects never inflates a member of the wrong shape.
+pub fn read_npz_checked(
+    reader: impl Read + Seek,
+    mut check: impl FnMut(&str, &TensorType) -> Result<(), String>,
+) -> Result<Vec<(String, Array)>, NpyError> {
     let mut archive = zip::ZipArchive::new(reader).map_err(|e| NpyError::Zip(e.to_string()))?;
     let mut arrays = Vec::new();
     for i in 0..archive.len() {
-        let entry = archive
+        let mut entry = archive
             .by_index(i)
             .map_err(|e| NpyError::Zip(e.to_string()))?;
         let name = entry
@@ -410,11 +498,19 @@ pub fn read_npz(reader: impl Read + Seek) -> Result<Vec<(String, Array)>, NpyErr
             .map_err(|e| NpyError::Zip(e.to_string()))?
             .to_string();
         let key = name.strip_suffix(".npy").unwrap_or(&name).to_string();
-        let array = read_npy(entry).map_err(|e| match e {
+        let in_member = |e: NpyError| match e {
             NpyError::Format(m) => NpyError::Format(format!("{name}: {m}")),
             NpyError::Unsupported(m) => NpyError::Unsupported(format!("{name}: {m}")),
             other => other,
-        })?;
+        };
+        // The archive's directory gives each member's uncompressed size: the data a header
+        // declares must fit in it.
+        let size = entry.size();
+        let preamble = read_preamble(&mut entry).map_err(in_member)?;
+        check(&key, &preamble.ty)
+            .map_err(|reason| NpyError::Rejected(format!("{name}: {reason}")))?;
+        let available = size.saturating_sub(preamble.header_bytes);
+        let array = read_data(entry, preamble, Some(available)).map_err(in_member)?;
         arrays.push((key, array));
     }
     Ok(arrays)
@@ -423,6 +519,14 @@ pub fn read_npz(reader: impl Read + Seek) -> Result<Vec<(String, Array)>, NpyErr
 /// Reads a `.npz` file.
 pub fn load_npz(path: &Path) -> Result<Vec<(String, Array)>, NpyError> {
     read_npz(std::io::BufReader::new(File::open(path)?))
+}
+
+/// Reads a `.npz` file, checking each member's declared type first (see [`read_npz_checked`]).
+pub fn load_npz_checked(
+    path: &Path,
+    check: impl FnMut(&str, &TensorType) -> Result<(), String>,
+) -> Result<Vec<(String, Array)>, NpyError> {
+    read_npz_checked(std::io::BufReader::new(File::open(path)?), check)
 }
 
 /// Writes arrays into an uncompressed `.npz` archive (as `numpy.savez` does), atomically.

@@ -235,3 +235,142 @@ fn truncated_and_corrupted_files_are_errors() {
     }
     assert!(load_npz(&file("f32_c.npy")).is_err());
 }
+
+/// `.npy` bytes with `header` (padded as numpy pads it) followed by `data`.
+fn npy_with_header(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut header = header.to_string();
+    while !(10 + header.len() + 1).is_multiple_of(64) {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    bytes
+}
+
+#[test]
+fn headers_with_multi_byte_characters_are_errors_not_panics() {
+    let headers = [
+        // The byte-order mark of `descr` is where a byte index once split a character.
+        "{'descr': 'é4', 'fortran_order': False, 'shape': (1,), }",
+        "{'descr': '€', 'fortran_order': False, 'shape': (1,), }",
+        "{'descr': '<f€', 'fortran_order': False, 'shape': (1,), }",
+        "{'dé': '<f4', 'fortran_order': False, 'shape': (1,), }",
+        "{'descr': '<f4', 'fortran_order': Fałse, 'shape': (1,), }",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (１,), }",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (1,)€ }",
+        "{'descr': 'ü",
+        "{\"😀",
+    ];
+    for header in headers {
+        let bytes = npy_with_header(header, &[0; 4]);
+        let err = read_npy(bytes.as_slice()).unwrap_err();
+        assert!(
+            matches!(err, NpyError::Format(_) | NpyError::Unsupported(_)),
+            "{header}: {err}"
+        );
+    }
+    let err = read_npy(
+        npy_with_header(
+            "{'descr': 'é4', 'fortran_order': False, 'shape': (1,), }",
+            &[0; 4],
+        )
+        .as_slice(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("dtype \"é4\""), "{err}");
+}
+
+#[test]
+fn shapes_whose_strides_overflow_are_errors_even_when_empty() {
+    // No elements, but the product of the other extents overflows, as would its strides.
+    for (order, shape) in [
+        ("False", "(0, 1099511627776, 1099511627776)"),
+        ("True", "(2, 1099511627776, 1099511627776, 0)"),
+    ] {
+        let header = format!("{{'descr': '<f4', 'fortran_order': {order}, 'shape': {shape}, }}");
+        let err = read_npy(npy_with_header(&header, &[]).as_slice()).unwrap_err();
+        assert!(err.to_string().contains("is too large"), "{shape}: {err}");
+    }
+    // An empty array whose extents fit still reads, in either order.
+    let header = "{'descr': '<f4', 'fortran_order': True, 'shape': (3, 0, 5), }";
+    let empty = read_npy(npy_with_header(header, &[]).as_slice()).unwrap();
+    assert_eq!(empty.shape().dims(), &[3, 0, 5]);
+}
+
+#[test]
+fn a_header_declaring_more_than_the_file_holds_is_refused_before_reading() {
+    let dir = std::env::temp_dir().join(format!("kfuse-npy-huge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("huge.npy");
+    // 2^40 f32 elements: 4 TiB declared, 16 bytes present.
+    let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776,), }";
+    std::fs::write(&path, npy_with_header(header, &[0; 16])).unwrap();
+    let err = load_npy(&path).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("needs 4398046511104 bytes, found 16"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An archive of `.npy` members written as given, stored or deflated.
+fn archive(members: &[(&str, Vec<u8>)], method: zip::CompressionMethod) -> Vec<u8> {
+    let mut cursor = std::io::Cursor::new(Vec::new());
+    let mut zip = zip::ZipWriter::new(&mut cursor);
+    let options = zip::write::SimpleFileOptions::default().compression_method(method);
+    for (name, bytes) in members {
+        zip.start_file(*name, options).unwrap();
+        std::io::Write::write_all(&mut zip, bytes).unwrap();
+    }
+    zip.finish().unwrap();
+    cursor.into_inner()
+}
+
+#[test]
+fn archive_members_are_checked_against_expected_types_before_their_data() {
+    let good = std::fs::read(file("f32_c.npy")).unwrap();
+    // A member whose header declares a million elements but whose data is missing: if its data
+    // were read before the check, the error would be about truncation instead.
+    let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1000, 1000), }";
+    let liar = npy_with_header(header, &[]);
+    for method in [
+        zip::CompressionMethod::Stored,
+        zip::CompressionMethod::Deflated,
+    ] {
+        let bytes = archive(&[("a.npy", good.clone()), ("b.npy", liar.clone())], method);
+        let mut seen = Vec::new();
+        let err = kfuse_npy::read_npz_checked(std::io::Cursor::new(&bytes), |name, ty| {
+            seen.push((name.to_string(), ty.to_string()));
+            if ty.shape.dims() == [2, 3, 4] {
+                Ok(())
+            } else {
+                Err(format!("expected f32[2, 3, 4], found {ty}"))
+            }
+        })
+        .unwrap_err();
+        assert!(matches!(err, NpyError::Rejected(_)), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "b.npy: expected f32[2, 3, 4], found f32[1000, 1000]"
+        );
+        assert_eq!(
+            seen,
+            vec![
+                ("a".to_string(), "f32[2, 3, 4]".to_string()),
+                ("b".to_string(), "f32[1000, 1000]".to_string())
+            ]
+        );
+        // Unchecked, the same member fails on the sizes its archive entry records.
+        let err = kfuse_npy::read_npz(std::io::Cursor::new(&bytes)).unwrap_err();
+        assert!(
+            err.to_string().contains(
+                "b.npy: data is truncated: shape [1000, 1000] of f32 needs 4000000 bytes, found 0"
+            ),
+            "{err}"
+        );
+    }
+}

@@ -1,6 +1,11 @@
 //! Test support: a seeded generator, random well-typed graphs over the whole op set, random
 //! arrays rich in edge values, and mutations of program text. Failing cases print their seed, so
-//! every failure replays.
+//! every failure replays. Tests that need something of the machine skip through
+//! [`prerequisites::skip`], which shows in `cargo test`'s output and fails in CI.
+
+pub mod prerequisites;
+
+pub use prerequisites::{has_avx512, skip, Prerequisite};
 
 use kfuse_ir::{
     Array, BinaryOp, CompareOp, Conv2dAttrs, DType, Graph, Layout, Op, PadMode, Pool2dAttrs,
@@ -892,15 +897,30 @@ pub fn mutate_text(rng: &mut Rng, text: &str) -> String {
 /// The line that separates a file test's input from its expected output.
 pub const EXPECTED_MARKER: &str = "# ==== expected\n";
 
+/// Whether a `KFUSE_BLESS` value asks for expected outputs to be rewritten: `1` or `true` do;
+/// unset, empty, `0` and `false` do not; anything else is an error, so that a value meant to
+/// turn blessing off never turns it on.
+pub fn bless_requested(value: Option<&str>) -> Result<bool, String> {
+    match value.map(str::trim) {
+        None | Some("" | "0" | "false") => Ok(false),
+        Some("1" | "true") => Ok(true),
+        Some(other) => Err(format!(
+            "KFUSE_BLESS={other:?}: set it to 1 or true to rewrite expected outputs, or 0, false \
+             or nothing to compare them"
+        )),
+    }
+}
+
 /// Runs every file test in `dir`: each file holds an input whose first line is a header, then
 /// [`EXPECTED_MARKER`], then the expected output of `check(header, input)`. With `KFUSE_BLESS`
-/// set, expected parts are rewritten instead of compared. Panics listing every failure; returns
-/// the number of files checked.
+/// set to `1` or `true`, expected parts are rewritten instead of compared. Panics listing every
+/// failure; returns the number of files checked.
 pub fn run_filetests(
     dir: &std::path::Path,
     check: impl Fn(&str, &str) -> Result<String, String>,
 ) -> usize {
-    let bless = std::env::var_os("KFUSE_BLESS").is_some();
+    let value = std::env::var("KFUSE_BLESS").ok();
+    let bless = bless_requested(value.as_deref()).unwrap_or_else(|e| panic!("{e}"));
     let mut paths: Vec<_> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.expect("directory entry").path())

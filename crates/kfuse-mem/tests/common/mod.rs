@@ -1,20 +1,26 @@
-//! Shared test support: the root-and-KSM check that skips loudly, and page contents.
+//! Shared test support: the root-and-KSM check that skips visibly (and fails in CI), and page
+//! contents.
 
 #![allow(dead_code)]
 
 use kfuse_mem::ksm::Ksm;
 use kfuse_mem::sys::{self, FileLock};
+use kfuse_testkit::{skip, Prerequisite};
 
-/// The system's KSM and the machine-wide KSM lock, or `None` after printing why the test
-/// cannot run here (it needs root and a kernel with KSM).
+/// The system's KSM and the machine-wide KSM lock, or `None` after saying why the test cannot
+/// run here (it needs root and a kernel with KSM).
 pub fn ksm_or_skip(test: &str) -> Option<(Ksm, FileLock)> {
     let ksm = Ksm::system();
     if !ksm.available() {
-        eprintln!("SKIPPED {test}: this kernel has no KSM (/sys/kernel/mm/ksm is missing)");
+        skip(
+            test,
+            Prerequisite::Ksm,
+            "this kernel has no KSM (/sys/kernel/mm/ksm is missing)",
+        );
         return None;
     }
     if !sys::is_root() {
-        eprintln!("SKIPPED {test}: changing KSM settings needs root");
+        skip(test, Prerequisite::Root, "changing KSM settings needs root");
         return None;
     }
     let lock = ksm.lock().expect("the KSM lock");
