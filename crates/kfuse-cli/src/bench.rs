@@ -8,8 +8,8 @@
 //! unfused one, and report medians, effective bandwidth (the workload's fused bytes over the
 //! median time) and its fraction of the W0 triad bandwidth with streaming stores. That fraction
 //! is paired: each timed fused run is followed by a triad run, and the median of the runs'
-//! fractions is reported (with the median of those triads), because this machine's bandwidth
-//! drifts by up to 2x within minutes.
+//! fractions is reported (with the median of those triads), because a shared host's bandwidth
+//! can drift by up to 2x within minutes (`docs/benchmarks.md`, "W0: machine limits").
 //!
 //! W5-W7 (structured ops: GEMMs and convolutions with fused neighbours) are bound by arithmetic
 //! rather than memory. Their rooflines take W0's FMA peak and triad measured in the same run
@@ -126,9 +126,9 @@ fn stream_source(k: &StreamKernel, streaming: bool) -> String {
 }
 
 /// The W0 triad (streaming stores where AVX-512 has them, on the global pool), kept ready so
-/// that a workload's timed runs can alternate with it: this machine's bandwidth drifts between
-/// about 50 and 100 GB/s within minutes (other tenants), so a fraction of a triad measured once
-/// at the start says more about the drift than about the workload.
+/// that a workload's timed runs can alternate with it: a shared host's bandwidth can drift by
+/// up to 2x within minutes (`docs/benchmarks.md`, "W0: machine limits"), so a fraction of a
+/// triad measured once at the start says more about the drift than about the workload.
 struct Triad {
     kernel: Kernel,
     compiled: kfuse::cpu::CompiledKernel,
@@ -171,8 +171,9 @@ impl Triad {
 /// This machine's limits for the rooflines of the structured workloads (W5-W7), measured in the
 /// same run as they are: W0's f32 FMA peak on the pool's threads, the best of five runs (a
 /// median let one core, busy elsewhere for a moment, halve the peak and lift every floor above
-/// the workload's time), and its triad with streaming stores, the median of five (this VM's
-/// memory has spells of twice its usual bandwidth, which a best run would take as the limit).
+/// the workload's time), and its triad with streaming stores, the median of five (a shared
+/// host's memory can have spells of twice its usual bandwidth, which a best run would take as
+/// the limit).
 #[derive(Clone, Copy, Debug)]
 struct Roof {
     gflop_per_s: f64,

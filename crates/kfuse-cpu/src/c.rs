@@ -304,9 +304,9 @@ fn staged_stores(
     let written = written_bytes(kernel);
     // Streaming pays where memory bounds the pass that stores. Where that pass computes a
     // transcendental, stores trickle out slowly, partly filled write-combining buffers flush
-    // early, and the staging copy is extra work: `log(exp(x) + 1)` ran at 3.9 against 3.5 ms
-    // streamed. Softmax, whose exponentials are computed in its sum pass and reloaded, gains
-    // (4.1-4.8 against 4.5-6.0 ms).
+    // early, and the staging copy is extra work, so `log(exp(x) + 1)` is slower streamed;
+    // softmax, whose exponentials are computed in its sum pass and reloaded, gains. Figures in
+    // `docs/structured-ops.md` ("Measurements behind design choices").
     let compute_bound = (0..kernel.insts.len()).any(|k| {
         final_compute[k] && levels[k] == Level::Inner && transcendental(kernel.insts[k].kind)
     });
@@ -660,12 +660,8 @@ const TILE_O: usize = 16;
 /// are then 32 wide. Otherwise the tile's loop reads the strided lines directly, and they
 /// must stay in L1 while the tile's outer iterations use them: where they lie a multiple of
 /// 1 KiB apart they crowd into few sets of the 12-way L1 and only 8 fit
-/// ([`TILE_J_ALIASED`]); elsewhere 32. Median ms of a transpose-add, 4096 × 4096 /
-/// 1000 × 1000, read directly: inner tile 8: 11.8–14.0 / 0.25–0.29; 16: 13.6–18.1 /
-/// 0.21–0.22; 32: 20.9–21.0 / 0.17–0.19 (row by row: 54.6 / 0.35; a plain add: 2.8 / 0.05);
-/// transposed in registers with prefetch: 10.2–12.6 / 0.19–0.21 (scalar packing without
-/// prefetch: 14–17), and with the rows' contiguous lines prefetched too ([`row_prefetches`]):
-/// 7.2–8.4 at 4096. Outer tiles of 32 measured no better than 16.
+/// ([`TILE_J_ALIASED`]); elsewhere 32. The sizes were chosen on a transpose-add; the figures
+/// are in `docs/structured-ops.md` ("Measurements behind design choices").
 const TILE_J: usize = 32;
 const TILE_J_ALIASED: usize = 8;
 
@@ -673,10 +669,9 @@ const TILE_J_ALIASED: usize = 8;
 /// inner iterations rather than row by row, and the inner tile size if so: where it reads
 /// some value across the inner index with a stride of a cache line or more (a transposed or
 /// permuted operand). Row by row, every inner step of such a read touches a new line, used
-/// once before it is evicted (a 4096 × 4096 transpose-add ran at under 2 GB/s); in a tile,
-/// each line serves [`TILE_O`] outer iterations. Only kernels without reductions and without
-/// outer-level stores, whose iterations are independent, and whose final pass has no vector
-/// body (a strided load has none).
+/// once before it is evicted; in a tile, each line serves [`TILE_O`] outer iterations. Only
+/// kernels without reductions and without outer-level stores, whose iterations are
+/// independent, and whose final pass has no vector body (a strided load has none).
 fn tiles(kernel: &Kernel, levels: &[Level], passes: usize, vector: bool) -> Option<usize> {
     if passes != 1 || vector || kernel.outer.is_empty() {
         return None;
@@ -862,8 +857,8 @@ fn affine_forms(kernel: &Kernel) -> Vec<Option<Affine>> {
 /// A permuted operand read across the inner index may be contiguous along another one: NHWC
 /// to NCHW, `y[n][c][h][w] = x[n][h][w][c]`, runs over outer `[n, c, h]` and inner `w`, and
 /// `x` is contiguous along `c`; tiles of 16 consecutive `h` read each of their 512 lines for
-/// one float (25.7 MB at 2.8 GB/s). Tiles along `c` transpose 16 × 16 blocks of `x` in
-/// registers into tile buffers, as [`Packed`] loads are.
+/// one float. Tiles along `c` transpose 16 × 16 blocks of `x` in registers into tile buffers,
+/// as [`Packed`] loads are.
 struct RowAxis {
     /// Outer iterations between consecutive rows: the product of the outer axes after `a`.
     stride: usize,
@@ -1065,17 +1060,18 @@ void {name}(void **args, int64_t o_lo, int64_t o_hi, int64_t j_lo, int64_t j_hi)
     };
     // Large outputs stream past the cache. A final pass with vector bodies stores each 64-byte
     // line non-temporally straight from registers, after a scalar head that aligns the first
-    // output's lines; against staging and copying (what scalar passes do, `staged_stores`),
-    // in alternating runs: W3 85-89% -> 99-106% of the paired triad, W4b 86% -> 90%, W4a no
-    // worse; and tanh(0.5 x + 0.1), which computes too much to stage, 72-76% -> 80-92%.
-    // So a final pass is staged only where it has no vector body.
+    // output's lines. Staging and copying (what scalar passes do, `staged_stores`) measured
+    // slower on W3, W4b and `tanh(0.5 x + 0.1)`, which computes too much to stage (figures in
+    // `docs/structured-ops.md`, "Measurements behind design choices"). So a final pass is
+    // staged only where it has no vector body.
     let final_vector = (!inner_stores.is_empty())
         .then(|| vector_pass(kernel, &passes, final_pass).ok())
         .flatten();
     let direct = final_vector.is_some() && written_bytes(kernel) >= STREAM_MIN_BYTES;
     let tiled = tiles(kernel, &levels, roots.len(), final_vector.is_some());
     // A tiled kernel's stores do not stream: each row of a tile writes two lines, and
-    // streaming them measured slower (a 4096 x 4096 transpose-add 13.7-20.1 against 8.4-10.5 ms).
+    // streaming them measured slower (`docs/benchmarks.md`, "W1–W4: elementwise, softmax,
+    // layernorm", tried, not kept).
     let staged = if direct || tiled.is_some() {
         vec![None; kernel.insts.len()]
     } else {

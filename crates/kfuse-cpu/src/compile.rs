@@ -41,8 +41,8 @@ impl Numerics {
     fn flags(self) -> &'static [&'static str] {
         match self {
             // No trap is observed, so selects around divisions and conversions may be
-            // evaluated on every lane: without this GCC leaves such loops scalar (strict W1:
-            // 13 against 1.1 ns per element). It changes no value.
+            // evaluated on every lane: without this GCC leaves such loops scalar, about ten
+            // times slower (`tests/vectorized.rs` guards it). It changes no value.
             Numerics::Strict => &["-ffp-contract=off", "-fno-trapping-math"],
             Numerics::Fast => &[
                 "-ffp-contract=fast",

@@ -4,9 +4,9 @@
 //! code, which GCC's report does not describe (`vector_math.rs` checks those functions); the
 //! report covers their scalar remainder loops and the lane-by-lane loops of ops without a
 //! 16-lane function, which is where a scalar form would show. A flag or header change that leaves such
-//! a loop scalar costs 10x or more (strict-mode kernels once ran `exp` at 13 ns per element for
-//! want of `-fno-trapping-math`); this test names the op and the compiler's reason instead of
-//! waiting for a benchmark to notice.
+//! a loop scalar costs 10x or more (strict-mode kernels lost their vector `exp` for want of
+//! `-fno-trapping-math`); this test names the op and the compiler's reason instead of waiting
+//! for a benchmark to notice.
 
 use kfuse_cpu::{Compiler, Numerics};
 use kfuse_fusion::{partition, FixedCostModel, FusePolicy};

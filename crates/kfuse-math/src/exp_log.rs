@@ -123,7 +123,8 @@ pub fn exp_f32_of_f64(t: f64) -> f64 {
     }
     // Below -746, `e^t` rounds to zero in f64. Those arguments compute from 0 instead and are
     // replaced at the end, so that no step underflows: results that underflow to subnormals
-    // or zero take a slow microcode path on some CPUs (2 ms of W5b's GELU on 4M elements).
+    // or zero take a slow microcode path on some CPUs (see `docs/numerics.md` on subnormal
+    // results).
     let dead = t < -746.0;
     let tc = if dead { 0.0 } else { t };
     let k = (tc * std::f64::consts::LOG2_E).round_ties_even();

@@ -68,13 +68,10 @@ impl Default for ConvLayout {
 }
 
 /// How many times longer the CPU backend takes for a node's NHWC form than for its NCHW form
-/// (1 for no difference). `conv::conv2d` alone, batch 8, f32, the two layouts in one process
-/// on the reference host (ms, NCHW against NHWC): 3×3 64 → 128 on 112×112 45.3 against 71.0,
-/// 64 → 64 on 56×56 5.4 against 8.6, 512 → 512 on 7×7 12.9 against 31.6; 3×3 stride 2 128 →
-/// 128 on 56×56 10.3 against 14.2; the 7×7 stride-2 stem 9.7 against 16.3; depthwise 3×3 on
-/// 64×112×112 2.2 against 3.6, at stride 2 0.58 against 0.60; 1×1 64 → 256 on 56×56 4.0
-/// against 4.1, 2048 → 512 on 7×7 6.1 against 9.5, 1×1 stride 2 64 → 128 on 56×56 1.6 against
-/// 1.0. Pooling has 16-lane kernels in both layouts.
+/// (1 for no difference), rounded from `conv::conv2d` timed alone in both layouts
+/// (`docs/structured-ops.md`, "Measurements behind design choices"): convolutions beyond 1×1
+/// filters and stride-1 depthwise ones are slower in NHWC, 1×1 ones lead one way or the other
+/// by shape, and strided depthwise ones run alike. Pooling has 16-lane kernels in both layouts.
 pub fn nhwc_slowdown(graph: &Graph, id: NodeId) -> f64 {
     let node = graph.node(id);
     let Op::Conv2d(attrs) = &node.op else {

@@ -1,8 +1,9 @@
 //! Weights that stay the same from call to call: a compiled program's constants, registered by
 //! the runner that holds them for as long as it does. The direct convolution kernels pack their
 //! weights into microkernel blocks at every call; for registered weights the packed copy is
-//! kept and reused instead. On MobileNetV2's 7×7 block at batch 1 (960 × 160 weights twice),
-//! packing and zeroing the copies took 18% of the block's time.
+//! kept and reused instead: on small images the packing is a large share of a call
+//! (MobileNetV2's 7×7 block at batch 1, `kfuse bench inverted7`: `docs/structured-ops.md`,
+//! "Measurements behind design choices").
 //!
 //! A registration names memory that must neither change nor be freed while it lives (the
 //! runner borrows the program whose constants it registers). Dropping it forgets the ranges

@@ -260,7 +260,8 @@ fn conv2d_half(
     };
     // Tasks of whole runs, each rounding its runs' steps and writing them converted: on the
     // calling thread alone, this pass and the operands' widening left the pool's other thread
-    // idle for 41% of a bf16 MobileNetV2 block's time.
+    // idle for much of a half-precision block (`docs/structured-ops.md`, "Routines": f16 and
+    // bf16 products).
     let runs = values.len() / run;
     let per_task = (1 << 16) / run + 1;
     Pool::global().run(runs.div_ceil(per_task), &|task| {
@@ -577,9 +578,8 @@ fn im2col_gemm<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Pos
     };
     // An output too large to stay in the last-level cache for its consumer goes out with
     // non-temporal stores from the GEMM's whole tiles, which skip reading each line for
-    // ownership. ResNet-50's 64 → 256 1×1 convolutions at 56×56 (25.7 MB each, a bias, the
-    // residual and ReLU) took 8.0–8.3 ms in all against 9.0–10.8, their consumers unchanged
-    // (`kfuse run --profile`, alternating runs).
+    // ownership, and their consumers read them no slower (ResNet-50's 64 → 256 layers at
+    // 56×56: `docs/structured-ops.md`, "Routines": the per-task GEMM).
     let stream = std::mem::size_of_val(y) >= crate::STREAM_MIN_BYTES;
     let job = |n: usize, band: std::ops::Range<usize>| {
         let (r0, r1) = (band.start, band.end);
@@ -704,14 +704,9 @@ fn im2col_gemm<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Pos
 /// off a cache line (of `line` elements) within the plane: as many bands, made a whole number
 /// of lines long. A band of a 28-wide image then starts every 4 rows, and at 14 every 8: the
 /// GEMM's right operand, the band's input rows read in place, keeps each vector load on one
-/// line, and its columns fill whole vectors, with no last columns as dot products.
-///
-/// `EPI=2 COLD=2 conv_shapes` (bias, residual and ReLU; the weights from memory), ms, three or
-/// four alternations: 8×512×28×28 → 128 (two bands of 14 rows, one starting mid-line, before
-/// the bands were sized for balance alone; whole images now) 1.92–2.04 → 1.83–1.94, → 256
-/// 3.67–3.83 → 3.60–3.68; 8×256×56×56 → 64 (four bands of 14 rows before) 2.33–2.44 →
-/// 2.15–2.26; 2×256×14×14 → 1024 (bands of 4 rows, 56 positions, before; 8 rows now)
-/// 0.96–0.97 → 0.69–0.76; 1×96×14×14 → 576 0.17–0.20 → 0.12–0.15.
+/// line, and its columns fill whole vectors, with no last columns as dot products. Measured
+/// in `docs/structured-ops.md` ("Routines": `conv::conv2d`, and "Measurements behind design
+/// choices").
 fn aligned_rows(rows: usize, oh: usize, ow: usize, line: usize) -> usize {
     let align = line / gcd(ow.max(1), line);
     let bands = oh.div_ceil(rows.max(1)).max(1);
@@ -856,9 +851,8 @@ const THIN_BAND: usize = 4;
 
 /// The NCHW depthwise convolution in tasks of whole planes, a run of channels of one image
 /// each, spread over the kernel pool: for small images (MobileNet's 14×14 and 7×7 stages),
-/// where bands of rows would be a row or two. Batch 1 on two threads
-/// (`examples/depthwise_cost.rs`): 7×7 with 960 channels 51 µs in bands of one row, against
-/// 19–20 µs; 14×14 with 576 channels 36 against 21 µs.
+/// where bands of rows would be a row or two and measured slower (`docs/structured-ops.md`,
+/// "Measurements behind design choices").
 fn depthwise_by_channels<T: Real>(g: &Geometry, xs: &[T], ws: &[T], y: &mut [T], post: Post<T>) {
     let [n_images, c, oh, ow] = g.y;
     let pool = Pool::global();

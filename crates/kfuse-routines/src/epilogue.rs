@@ -290,8 +290,8 @@ fn epilogue_into_body<T: Real>(dst: &mut [T], src: &[T], tail: Tail<T>) {
 /// The activation's form over a whole slice, for the activations other than ReLU: explicit
 /// 16-lane code for f32 with AVX-512 (`simd.rs`). Passed to the biased loops as a closure,
 /// the scalar forms were left to the compiler's inlining: the sigmoid ended up called out of
-/// line, compiled for the baseline ISA (49 against 21 ms for W5a's layer), and GELU's mix of
-/// f32 and f64 steps vectorized poorly (1.15 against 0.55 ns per element).
+/// line, compiled for the baseline ISA, and GELU's mix of f32 and f64 steps vectorized poorly
+/// (`docs/structured-ops.md`, "Measurements behind design choices").
 ///
 /// The transcendental ones flush their subnormal results to zero (see [`crate::fpmode`]): a
 /// subnormal costs an Intel core a microcode assist in every instruction that writes or reads

@@ -7,9 +7,9 @@
 //! -87, SiLU likewise, GELU's erf form below about -13 and its tanh form between about -11 and
 //! -10 (`x * e^(-2u)` underflows). A GEMM whose left operand then holds a few subnormals in
 //! every row runs several times slower, and so does the activation itself. W5b's GELU MLP is
-//! such a case: 0.8% of its hidden values are subnormal on W5b's random inputs, and on a Xeon
-//! (Emerald Rapids) its two layers took 162–175 ms against 70–73 ms for the same two GEMMs on
-//! normal data. AMD's Zen 5 takes no such assist and ran both alike.
+//! such a case: 0.8% of its hidden values are subnormal on W5b's random inputs, and on Intel
+//! cores its two layers run at more than twice their GEMMs' time without the flush
+//! (`docs/benchmarks.md`, "W5a and W5b: dense layers"). AMD's Zen 5 takes no such assist.
 //!
 //! `FlushSubnormalResults` sets FTZ on the calling thread for as long as it lives. Fast
 //! numerics hold one while a structured kernel's epilogue applies one of those activations

@@ -8,8 +8,9 @@ use crate::dense::Real;
 use crate::epilogue::Activation;
 
 /// What a GEMM's destination starts from. Matmul folds its bias in this way; convolutions add
-/// theirs with the ReLU in one pass over each band right after its GEMM, which measured 2–3%
-/// faster on W7 than pre-filling (the pre-filled band is read back by the GEMM).
+/// theirs with the ReLU in one pass over each band right after its GEMM, which measured faster
+/// than pre-filling, since the GEMM reads a pre-filled band back (`docs/structured-ops.md`,
+/// "Routines": `conv::conv2d`).
 #[derive(Clone, Copy)]
 pub(crate) enum Init<'a, T> {
     /// Nothing: the destination is overwritten.
@@ -21,8 +22,8 @@ pub(crate) enum Init<'a, T> {
 }
 
 /// `dst[m×n] = init + lhs[m×k] @ rhs[k×n]` with arbitrary strides, single-threaded: f32 on
-/// AVX-512 on kfuse's own GEMM ([`avx512`]; on one thread 4–5% faster than the `gemm` crate on
-/// W5a's product), everything else on the `gemm` crate.
+/// AVX-512 on kfuse's own GEMM ([`avx512`], which leads the `gemm` crate on one thread:
+/// `docs/benchmarks.md`, "W5a and W5b: dense layers"), everything else on the `gemm` crate.
 ///
 /// # Safety
 /// The pointers must address matrices of these shapes and strides, `dst` not overlapping the

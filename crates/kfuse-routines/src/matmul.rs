@@ -211,13 +211,13 @@ fn matmul_as(
     // all rows: an activation then runs on the block right after its GEMM, while it is in
     // cache. Blocks of columns repack the left operand per block, which is cheap when the rows
     // are few, and split the right operand's packing between the threads; blocks of rows
-    // would each repack the whole right operand. On W5a's bare GEMM (1024 x 1024 x 4096)
-    // columns measured 20.1 ms against 21.6 ms for rows (median of four alternating runs).
-    // Small products are split only if a pass over the output (an activation, a scale or a
-    // residual) wants the blocks. Otherwise (tall matrices, narrow outputs, and large products
-    // with a pass after a short sum) the rows of every batch matrix are split across the
-    // threads when the product is large enough to pay for a split, and the pass follows on
-    // each task's rows: in bands that fit in cache where there is a pass.
+    // would each repack the whole right operand, and measured slower on W5a's bare GEMM
+    // (`docs/structured-ops.md`, "Routines": `matmul`). Small products are split only if a
+    // pass over the output (an activation, a scale or a residual) wants the blocks.
+    // Otherwise (tall matrices, narrow outputs, and large products with a pass after a short
+    // sum) the rows of every batch matrix are split across the threads when the product is
+    // large enough to pay for a split, and the pass follows on each task's rows: in bands that
+    // fit in cache where there is a pass.
     let elem = a.storage.dtype().size_bytes();
     let large = threads > 1 && m * n * k >= 1 << 22;
     // A cast is a pass too: each task converts its block.
@@ -230,9 +230,8 @@ fn matmul_as(
     let by_cache = (TILE_BYTES / (m.max(1) * elem)) / 64 * 64;
     // With a pass and a short sum (K below 256), the product is bound by memory rather than
     // arithmetic, and bands of whole rows that fit in cache, the pass following each, beat
-    // column blocks (whose rows are strided): a bias + ReLU layer of 1024 x K x 4096 with
-    // K = 16 took 0.46-0.56 ms against 0.56-0.64, K = 128 3.14 against 3.30, K = 256 6.2
-    // against 5.7 (alternating runs).
+    // column blocks (whose rows are strided); from K = 256 the column blocks lead
+    // (`docs/structured-ops.md`, "Routines": `matmul`).
     let short = k < 256;
     // Column blocks for a pass after a long sum, or for a large product without a pass.
     let columns = if pass { !short } else { large };
@@ -336,9 +335,8 @@ fn matmul_as(
                 // anyway, the bias joins that pass; so it does on a block of columns, which is
                 // in cache after its GEMM; otherwise it is pre-filled into the GEMM's
                 // destination. Rounded steps add it in the pass, after rounding the product.
-                // Pre-filled, the GEMM reads the block back as it accumulates: 1024 x 1024 x
-                // 4096 with a bias took 18.9-19.0 ms, against 18.5-18.6 in the pass and
-                // 18.2-18.5 bare (alternating runs).
+                // Pre-filled, the GEMM reads the block back as it accumulates, which measured
+                // slower than the pass (`docs/structured-ops.md`, "Routines": `matmul`).
                 let pass = activation.is_some()
                     || residual.is_some()
                     || scale.is_some()
@@ -346,9 +344,8 @@ fn matmul_as(
                     || (bias.is_some() && by_columns);
                 let bias_in_pass = pass && (!gemv_path || round.is_some());
                 // f32 on kfuse's GEMM with a bias, a residual and ReLU (or some of them): each
-                // tile takes them in registers as it is stored, and no pass follows. W5a (bias
-                // and ReLU) took 17.29-17.43 ms so against 17.59-18.02 through the pass over
-                // each block of columns (four alternations), the bare GEMM's time.
+                // tile takes them in registers as it is stored, and no pass follows, so W5a
+                // costs its bare GEMM's time (`docs/benchmarks.md`, "W5a and W5b: dense layers").
                 let finished = !gemv_path
                     && (bias.is_some() || residual.is_some() || activation.is_some())
                     && scale.is_none()

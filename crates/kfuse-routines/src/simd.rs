@@ -1,8 +1,8 @@
 //! Slice forms of activations for the Rust epilogues of GEMMs and convolutions (both GELUs,
 //! sigmoid, SiLU, tanh, hard-swish), sixteen lanes at a time where the CPU has AVX-512. Passing
 //! the scalar definitions to the epilogue loops as closures left them to the compiler's
-//! inlining: the sigmoid ended up called out of line, compiled for the baseline ISA (49 ms
-//! against 21 for W5a's layer with a sigmoid).
+//! inlining: the sigmoid ended up called out of line, compiled for the baseline ISA, at about
+//! twice the time (`docs/structured-ops.md`, "Measurements behind design choices").
 //!
 //! The sigmoid, tanh and hard-swish forms repeat the scalar operations in the same order, with
 //! no contraction, and differ only where one instruction gives the same result as several
@@ -10,8 +10,8 @@
 //! rounding): they give the scalar definitions' bits. The others run in fast numerics' bounds:
 //! - GELU's tanh form (`gelu_tanh_f32_slice`) evaluates in f32 what the definition evaluates
 //!   in f64, its argument as a pair of f32: within 1 ULP for `x >= 0`, 2 ULPs below. The f64
-//!   form in the definition's order took 1.3–1.7 ns per element on one core of an Intel Xeon
-//!   (its two f64 divisions per sixteen lanes), the f32 form 0.83–0.86.
+//!   form's two divisions per sixteen lanes made it the slower (`docs/structured-ops.md`,
+//!   "Routines": activations).
 //! - GELU's erf form contracts its f64 steps (see `gelu_pd`): one input of the 2^32 is one
 //!   ULP off the definition.
 //! - SiLU contracts its exponential: within 3 ULPs.
@@ -220,8 +220,8 @@ impl InRegisters {
 
 /// The IR's `clamp(v, lo, hi)` of sixteen lanes, for bounds that are not NaN. Not a call to
 /// [`InRegisters::apply`] from within it: a recursive function is not inlined, and out of line
-/// it runs without its callers' AVX-512 features, its intrinsics as calls (hard-swish in
-/// registers took 1.73 ms for MobileNetV3's block, 8×80×14×14 expanded to 240, against 0.38).
+/// it runs without its callers' AVX-512 features, its intrinsics as calls, several times slower
+/// (`docs/structured-ops.md`, "Measurements behind design choices").
 ///
 /// # Safety
 /// The CPU must have AVX-512F and AVX-512DQ.

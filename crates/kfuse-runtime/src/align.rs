@@ -3,22 +3,21 @@
 //! Tensors live in `Vec`s, which the system allocator places 16 bytes past a page boundary once
 //! they are large (glibc serves them from `mmap` behind a 16-byte header). Every 64-byte vector
 //! access to such a buffer then spans two cache lines. Row kernels that prefetch their next row
-//! lose most of the gain: softmax over 4096 x 4096 f32 took 6.6 ms on one thread with its input
-//! and output 16 bytes off a line, against 4.5 ms aligned (3.9 against 2.5-3.2 ms on two).
+//! lose most of the gain.
 //!
 //! [`CacheAligned`] is a global allocator that aligns every allocation of 64 KiB or more to a
 //! cache line, and of 4 MiB or more to 2 MiB with transparent huge pages advised, and leaves
-//! the others to the system allocator as they are. Huge pages left fused kernels in steady
-//! state as fast as before, but fresh buffers fault in far fewer pages: the reference
-//! interpreter, which allocates every intermediate anew, ran W3 in 133–139 ms against
-//! 302–332. The price is the occasional first touch that waits for the kernel to compact
-//! memory (180–209 ms for 64 MiB, against 29–38 ms in 4 KiB pages and 4–16 ms usually). A program opts in with
+//! the others to the system allocator as they are. Huge pages leave fused kernels in steady
+//! state as fast as before, but fresh buffers fault in far fewer pages, which speeds up the
+//! reference interpreter (it allocates every intermediate anew); the price is the occasional
+//! first touch that waits for the kernel to compact memory. The measurements are in
+//! `docs/structured-ops.md` ("Measurements behind design choices") and `docs/benchmarks.md`
+//! ("How to measure", the allocator). A program opts in with
 //! `#[global_allocator] static ALLOC: kfuse::CacheAligned = kfuse::CacheAligned;`; the `kfuse`
 //! command-line tool does. Kernels are correct at any alignment; this is only about speed,
 //! and the kernels that stream their outputs align their own stores: the generated kernels
 //! after a scalar head, the direct convolution's pointwise columns after a partial block up to
-//! the next line (W6a's fused block on glibc's buffers took 1.8–1.9 times as long before it
-//! did; it now runs within about 10% of its time on aligned ones, in runs minutes apart).
+//! the next line.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 

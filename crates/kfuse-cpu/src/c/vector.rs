@@ -18,9 +18,9 @@
 //! runs eight blocks per iteration where its longest dependency path is [`LONG_CHAIN`] vector
 //! instructions or more (`log(exp(x) + 1)`, `softplus`), four from [`MEDIUM_CHAIN`] (`tanh`,
 //! `sigmoid`, softmax's `exp` pass), two otherwise; four and eight prefetch their loads ahead.
-//! On one thread in cache, `log(exp(x) + 1)` takes 0.26-0.29 ns per element with eight blocks,
-//! 0.30 with four and 0.36 with two; `tanh(0.5 x + 0.1)` 0.24 with four, 0.24-0.26 with eight
-//! and 0.27 with two, and over 16M elements four beat eight (more spills).
+//! Fewer blocks leave a long chain's latency exposed and more spill registers; the counts per
+//! chain length are measured in `docs/structured-ops.md` ("Measurements behind design choices")
+//! and `docs/benchmarks.md` ("W1–W4: elementwise, softmax, layernorm").
 
 use std::fmt::Write;
 
@@ -281,9 +281,8 @@ impl<'a> VectorPass<'a> {
     /// kernel reads no buffer it writes). With `ahead`, each load is preceded by a prefetch
     /// [`AHEAD`] elements further on: an iteration of eight long chains is more instructions
     /// than the out-of-order window holds, so the core stops issuing the next iteration's loads
-    /// early, and the hardware prefetcher alone fell behind (`tanh` over 16M elements on one
-    /// thread: 1.3-1.6 ns per element with eight blocks, 0.28-0.31 with the prefetches, 0.29-0.32
-    /// with two blocks).
+    /// early, and the hardware prefetcher alone falls behind (measured in
+    /// `docs/structured-ops.md`, "Measurements behind design choices").
     pub(super) fn bodies(&self, copies: usize, ahead: bool, indent: &str) -> String {
         let mut s = String::new();
         let mut stores = String::new();
@@ -485,8 +484,8 @@ pub(super) fn index_expr(kernel: &Kernel, id: InstId, o: &str, j: &str) -> Optio
 /// A row kernel reads its rows from memory in its first pass and then computes from cache (the
 /// exponentials of softmax, the second moment of layernorm) while memory sits idle; the hardware
 /// prefetcher does not look past the row. Prefetching the next row during the second pass
-/// overlaps the two: softmax over 4096-wide rows ran at 0.26 against 0.38 ns per element on one
-/// thread (0.24 with the rows in cache).
+/// overlaps the two, which brings softmax close to its speed with the rows in cache
+/// (`docs/structured-ops.md`, "Measurements behind design choices").
 pub(super) struct NextRow {
     /// `(argument, offset instruction)` of each contiguous load of the first pass.
     loads: Vec<(u32, InstId)>,

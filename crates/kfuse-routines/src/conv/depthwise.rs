@@ -2,9 +2,9 @@
 //!
 //! NCHW f32 with 3×3 or 5×5 filters at stride 1 or 2 without dilation (MobileNet's and
 //! W6a's shapes), on AVX-512: the input is read in place through lane masks, four output rows
-//! at a time, the next channel's rows prefetched (see `in_place`). W6a's depthwise half takes
-//! about 1.0 ms this way, from memory, against 2.0 ms for the bordered copy below; the same
-//! shape at stride 2 takes 0.8–1.0 ms against 5.9 (the copy's one pass per tap).
+//! at a time, the next channel's rows prefetched (see `in_place`). From memory it runs about
+//! twice as fast as the bordered copy below, and several times as fast at stride 2, where the
+//! copy takes one pass per tap (`docs/structured-ops.md`, "Routines": depthwise convolutions).
 //!
 //! Other NCHW shapes: each task copies the input rows its band needs, one channel at a time,
 //! into a zero-bordered scratch (so no tap needs a bounds test), and computes every output
@@ -306,14 +306,12 @@ fn nhwc<T: Real>(
 /// cache lines, the edge blocks mask three loads per row instead of one per tap, and the sums
 /// are the same bits (the taps are summed in the same order).
 ///
-/// Measured on W6a's shape, one thread, input in cache: 4 rows at a time 10–11 cycles per
-/// 16 outputs, 8 rows slower (row pointers and weights spill), two blocks side by side
-/// slower, partial sums per filter row no faster. In memory, the prefetch of the next
-/// channel's rows halves the time (above). Shifting the taps out of whole vectors:
-/// 118–128 → 102–106 µs per image (`examples/depthwise_cost.rs`, alternating runs). Splitting
-/// each row's sum into odd and even taps (twice the FMA chains) measured about 7% faster
-/// again, but changes the order of the sums; it was left out so that the kernel keeps
-/// matching the bordered copy (and the reference) bit for bit.
+/// Four rows at a time, because eight spill their row pointers and weights; the variants
+/// tried are in `docs/benchmarks.md` ("W6a: the depthwise-separable block", tried, not kept)
+/// and `docs/structured-ops.md` ("Measurements behind design choices"). Splitting each row's
+/// sum into odd and even taps (twice the FMA chains) would be faster but changes the order of
+/// the sums, so it is left out: the kernel keeps matching the bordered copy (and the
+/// reference) bit for bit.
 #[cfg(target_arch = "x86_64")]
 mod in_place {
     use std::arch::x86_64::*;
@@ -516,8 +514,9 @@ mod in_place {
                 if ch + 1 < c {
                     // The next channel's rows that its own step here will first read,
                     // prefetched while this channel computes. A step reads its rows as short
-                    // runs side by side, which the hardware prefetchers do not follow: W6a's
-                    // depthwise half took 2.0 ms from memory without this, 1.0 with it.
+                    // runs side by side, which the hardware prefetchers do not follow; without
+                    // this W6a's depthwise half from memory takes twice as long
+                    // (`docs/structured-ops.md`, "Routines": depthwise convolutions).
                     let reach = first + ((together - 1) * S + KH) as isize;
                     let from = if r == rows.start {
                         first
@@ -635,10 +634,9 @@ mod in_place {
 
     /// [`step`] with the shape of its finish known at compile time: `bias` added where `ADD`,
     /// then `act` where `ACT`. The blocks in between run in a loop with nothing in it but the
-    /// block.
-    /// Looking up each block's masks and testing the finish per row, as one loop over all the
-    /// blocks did, took 144–146 µs per image of W6a's depthwise half in cache on one thread,
-    /// against 120–123 µs (`examples/depthwise_cost.rs`).
+    /// block: looking up each block's masks and testing the finish per row, as one loop over
+    /// all the blocks did, measured slower (`docs/structured-ops.md`, "Routines": depthwise
+    /// convolutions).
     ///
     /// # Safety
     /// As for [`step`].
@@ -808,10 +806,10 @@ mod in_place {
 /// row-major order as the portable kernel, so the two agree bit for bit. The bias and ReLU or
 /// a clamp are applied in registers, another activation over the band afterwards.
 ///
-/// W6a's input in NHWC, the depthwise convolution alone: 5.3 ms in the portable kernel, 8 ms
-/// in this one without its prefetch (its loads stalled: each block reads its pixels a 16-channel
-/// chunk at a time, a 256-byte stride on three rows), 3.1–3.4 ms with it, 2.8–2.9 ms with each
-/// row's filter rows and each pixel's offsets looked up once.
+/// The input two blocks ahead is prefetched: each block reads its pixels a 16-channel chunk at
+/// a time, a 256-byte stride on three rows, and without the prefetch its loads stall and the
+/// kernel is slower than the portable one. Each row's filter rows and each pixel's offsets are
+/// looked up once (`docs/structured-ops.md`, "Measurements behind design choices").
 #[cfg(target_arch = "x86_64")]
 mod nhwc_avx512 {
     use std::arch::x86_64::*;

@@ -12,13 +12,12 @@
 //! Against im2col, this writes and reads back no `kh·kw`-times-larger column matrix, a cost
 //! per input channel and pixel; in exchange each output element is read and written by
 //! `kh·kw` GEMMs instead of one, a cost per output channel and pixel. In NCHW it pays when
-//! output channels do not outnumber input channels: W7's shape (64 → 64, 3×3) ran in 5.8 ms
-//! against 6.7 ms through im2col, while W6b's (64 → 128) ran 42 ms against 39 ms and keeps
-//! im2col (f32 NCHW now takes the direct kernel, so this is the f64 rule). In NHWC the im2col
-//! rows gather channel-strided patches, and shifted GEMMs win either way: W6b's shape in NHWC
-//! took 39 ms against 55 ms through im2col. Each tap's GEMM reduces over one group's channels
-//! only, so with few channels (a network's first layer) the GEMMs are too thin, and im2col,
-//! which reduces over channels × taps, stays.
+//! output channels do not outnumber input channels (W7's shape, not W6b's, which keeps
+//! im2col; f32 NCHW now takes the direct kernel, so this is the f64 rule). In NHWC the im2col
+//! rows gather channel-strided patches, and shifted GEMMs win either way. The measurements are
+//! in `docs/structured-ops.md` ("Routines": other stride-1 convolutions). Each tap's GEMM
+//! reduces over one group's channels only, so with few channels (a network's first layer) the
+//! GEMMs are too thin, and im2col, which reduces over channels × taps, stays.
 
 use kfuse_ir::Layout;
 
@@ -120,11 +119,9 @@ impl Grid {
             // Channel by channel, each channel's rows in order (one run of memory), the next
             // channel's rows asked for meanwhile; each phase row a gather of every sw-th input
             // column (at stride 2 the even lanes of two loads). Phase by phase, each phase row
-            // taken from every channel in turn, the copy read 128 channels' rows 12.5 KB apart,
-            // and took a quarter of 8×128×56×56 → 128 at stride 2 on one thread. One thread,
-            // alternating runs: that shape 10.98–11.35 → 10.64–10.79 ms, 8×256×28×28 → 256
-            // 11.49–11.76 → 10.57; the even lanes picked by permutes rather than element by
-            // element, 1.5–4% of that.
+            // taken from every channel in turn, the copy read 128 channels' rows 12.5 KB apart
+            // and was a quarter of the convolution's time (`docs/structured-ops.md`, "Routines":
+            // strided convolutions).
             // Per phase a tap reads: (phase, its row phase, phase columns X whose input column
             // X * sw + b - pl lies in the row, and that first input column).
             let phases: Vec<(usize, usize, std::ops::Range<usize>, usize)> = (0..self.phases())

@@ -177,10 +177,10 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
     }
 }
 
-/// [`conv`] for images of at most 16 tiles (`route::winograd_small`): ResNet's last stage, 7×7. Per image a
-/// row of tiles would fill a quarter of a vector, and its 16 tiles a third of a block of the
-/// microkernel; so the tiles of all the images lie side by side, an image's 16 in one vector,
-/// and the call runs in three passes over all the threads:
+/// [`conv`] for images of at most 16 tiles (`route::winograd_small`): ResNet's last stage, 7×7.
+/// Per image a row of tiles would fill a quarter of a vector, and its 16 tiles a third of a
+/// block of the microkernel; so the tiles of all the images lie side by side, an image's 16 in
+/// one vector, and the call runs in three passes over all the threads:
 /// 1. each image's input transform, its 16 inputs of each tile gathered (16 tiles to a
 ///    vector, one lane each), into `V[ξ][c][n·T + t]` for image `n`'s tile `t` of `T`;
 /// 2. the 16 products `M[ξ] = U[ξ] · V[ξ]`, a task per `ξ` and half of the output channels,
@@ -188,15 +188,12 @@ pub(super) fn conv(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Po
 /// 3. each image's output transform, the bias and `act` in registers, its 2×2 results of each
 ///    tile scattered to the output, the rest of the epilogue after.
 ///
-/// `conv::conv2d` alone with bias and ReLU (`EPI=1 conv_shapes`), three alternating runs,
-/// the direct kernel against this: 8×512×7×7 → 512 4.05–4.08 → 2.87–2.91 ms, 8×256×7×7 → 256
-/// 0.95–0.99 → 0.64–0.67 (the band-wise path above took 8.6–8.8 ms on the first). ResNet-18
-/// (`kfuse bench resnet18`, whose last stage has three such convolutions) 52.6–59.9 → 49.3–49.7
-/// ms. At batch 1 (16 tiles, a third of a block) the direct kernel keeps them; with smaller
-/// weights or more images, tasks of tiles (`route::winograd_plan`). Larger images
-/// stay on the band-wise path: 8×256×14×14 → 256 ran 5% faster alone this way (2.59–2.66 →
-/// 2.48–2.52 ms) but ResNet-50 no faster, its `V` and `M` (6.4 MB each) passing through L3;
-/// at 28×28 and 56×56 it was 1.7 and 2.9 times slower.
+/// At batch 1 (16 tiles, a third of a block) the direct kernel keeps them; with smaller
+/// weights or more images, tasks of tiles (`route::winograd_plan`). Larger images stay on the
+/// band-wise path: their `V` and `M` would pass through L3, so ResNet-50 gained nothing, and
+/// 28×28 and 56×56 ran slower. The measurements are in `docs/structured-ops.md` ("Routines":
+/// Winograd, and "Measurements behind design choices") and `docs/benchmarks.md` ("Network
+/// blocks and layouts").
 fn conv_small(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
     let [n_images, c_out, oh, ow] = g.y;
     let c_in = g.x[1];
@@ -296,13 +293,10 @@ fn conv_small(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f3
 /// transforms those back (scattered to the output), as a band does in [`conv`], whose bands of
 /// whole tile rows leave the microkernel's last block partly empty (14×14: 35 of 48 tiles and
 /// 14 of 16). The rest of the epilogue runs over each image after all tasks. Taken for outputs
-/// narrower than `route::WINOGRAD_MIN_WIDTH` of one group, small images included where the plan is not
-/// false. `conv::conv2d` alone with bias and ReLU (`EPI=1
-/// conv_shapes`), three alternating runs, bands against tasks of tiles: 8×256×14×14 → 256
-/// 2.66–2.68 → 2.22–2.27 ms, 8×128×14×14 → 128 0.71 → 0.63–0.65; `kfuse bench resnet18`
-/// 55.8–57.0 → 53.2–54.7 ms. In ResNet-50 its five such convolutions took as long either way
-/// (2.54–2.68 ms each in the trace). At 28×28 (2.28 → 2.48 ms for 128 channels) and 56×56
-/// the bands keep them: their rows of 14 and 28 tiles fill the blocks.
+/// narrower than `route::WINOGRAD_MIN_WIDTH` of one group, small images included where the
+/// plan is not false. At 28×28 and 56×56 the bands keep them: their rows of 14 and 28 tiles
+/// fill the blocks. Measured in `docs/structured-ops.md` ("Routines": Winograd, and
+/// "Measurements behind design choices").
 fn conv_tiles(g: &Geometry, xs: &[f32], ws: &[f32], y: &mut [f32], post: Post<f32>) {
     let [n_images, c_out, oh, ow] = g.y;
     let [_, c_in, h, w] = g.x;
@@ -744,9 +738,8 @@ fn transformed_weights(ws: &[f32], groups: usize, og: usize, cg: usize) -> Arc<V
                 }
             }
         };
-        // Made by every thread, a share of the blocks each: 256 → 256 channels' transform
-        // took 9% of a call on one thread while the other waited (weights that are not
-        // constants are transformed at every call).
+        // Made by every thread, a share of the blocks each: weights that are not constants
+        // are transformed at every call, and on one thread the others would wait for it.
         let pool = crate::Pool::global();
         let per_task = blocks.div_ceil(pool.threads());
         pool.run(pool.threads(), &|t| {

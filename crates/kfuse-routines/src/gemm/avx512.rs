@@ -19,9 +19,8 @@
 //!   dot products along the steps instead ([`dot_columns`]), each row block's right after its
 //!   panels, while its rows of the left operand are in L1.
 //!
-//! On W5a's product (1024 × 1024 × 4096) on the AMD EPYC host, one thread took 36.0–36.5 ms
-//! against the `gemm` crate's 37.9–39.0 (alternating runs): 95% of the FMA peak against 90%.
-//! On two threads the whole W5a and W5b took about 1% less time (`docs/benchmarks.md`).
+//! It exists because it leads the `gemm` crate on W5a's product on one thread, and by a little
+//! on two (`docs/benchmarks.md`, "W5a and W5b: dense layers").
 //! Sums run along `k` in order within a block of steps and blocks are added in order, with
 //! FMA: fast numerics only, like the `gemm` crate's.
 
@@ -52,14 +51,9 @@ const IN_PLACE_ROWS: usize = 256;
 /// that read each panel must repay: 43 of them at 256 rows, 11 at 64), and its rows a whole
 /// number of cache lines apart (every step's 64 values then lie alike across lines) but not a
 /// multiple of 2 KiB (whose lines would crowd a few sets of L2). Each whole panel is then read
-/// a step at a time through `b`'s row stride; only a last partial panel is packed.
-///
-/// `conv_shapes`, ms, packed against in place (three alternating runs): 8×256×56×56 → 64
-/// 2.55–2.60 against 2.20–2.29, 8×256×56×56 → 128 4.36–4.41 against 4.10–4.14, 8×32×112×112
-/// → 64 1.26–1.37 against 1.01–1.07, 8×128×56×56 → 128 2.10–2.14 against 1.96–2.10,
-/// 8×512×28×28 → 256 3.96–4.04 against 3.89–3.94; with 1024 rows (8×256×14×14 → 1024)
-/// 1.92–1.95 against 1.94–1.99. In ResNet-50, 8×1024×14×14 → 256 (rows 196 values apart, not
-/// whole lines) took 10.8–11.0 ms in place against 10.5–10.7 packed over its five layers.
+/// a step at a time through `b`'s row stride; only a last partial panel is packed. The limits
+/// (few rows, whole lines) are where in place measured faster than packed
+/// (`docs/structured-ops.md`, "Measurements behind design choices").
 fn in_place(m: usize, b: &Strided) -> bool {
     m <= IN_PLACE_ROWS && b.cs == 1 && b.rs.is_multiple_of(16) && !b.rs.is_multiple_of(512)
 }
@@ -297,12 +291,9 @@ pub(crate) unsafe fn sgemm(
 /// The lines of the next block of the right operand's panels read in place ([`in_place`]),
 /// asked for a few per 16 steps of the current block's tiles. The panels' rows are a plane of
 /// an NCHW input apart (12.5 KB at 56×56), 4 lines each, which the hardware prefetchers do
-/// not follow: each block's first row block waited on every line. `conv_shapes`, bias,
-/// residual and ReLU, two alternations of the builds: 8×256×56×56 → 64 2.26–2.29 → 2.09–2.12
-/// ms (with every operand from memory, `COLD=1`, 2.57–2.61 → 2.30–2.32); 8×256×56×56 → 128,
-/// 8×512×28×28 → 128 and 8×128×28×28 → 512 within 2%; in ResNet-50 its 1×1 layers on this
-/// path 0–4% each (`kfuse run --profile`, two alternations). Tiles with nothing to ask for
-/// keep the plain loop (through the chunked one W5a's products took 1% longer).
+/// not follow: each block's first row block waited on every line. Tiles with nothing to ask
+/// for keep the plain loop, which the chunked one would slow a little
+/// (`docs/structured-ops.md`, "Measurements behind design choices").
 struct Ahead {
     b: Strided,
     steps: Range<usize>,
@@ -348,10 +339,9 @@ impl Ahead {
 /// of its rows then loads 16 steps at a time). A 14×14 image's 196 positions ran as three
 /// panels and a vector of 4 columns in 6 registers, too few to hide the multiply-add's latency;
 /// the 4 columns as dot products take a quarter of that vector's work, and the reductions
-/// about as much again. `EPI=2 conv_shapes`, three alternating runs: 8×256×14×14 → 1024
-/// 2.06–2.10 → 1.99–2.03 ms, 8×1024×14×14 → 256 2.00–2.08 → 1.91–1.96. Each row's four sums
-/// reduced together and finished in registers, rather than one by one and through the
-/// epilogue pass per row: 8×256×14×14 → 1024 2.02–2.06 → 1.95–1.98.
+/// about as much again. Each row's four sums are reduced together and finished in registers,
+/// which measured faster than one by one through the epilogue pass
+/// (`docs/structured-ops.md`, "Measurements behind design choices").
 fn dot_columns(n: usize, a: &Strided) -> usize {
     let tail = n % 16;
     if a.cs == 1 && tail <= DOT_COLUMNS && n > tail {
@@ -718,8 +708,8 @@ unsafe fn sums<const R: usize, const V: usize>(t: &Tile) -> [[__m512; V]; R] {
             };
         }
         if t.ahead.0.is_null() {
-            // A plain loop where nothing is asked for: W5a's products took 1% longer through
-            // the loop below.
+            // A plain loop where nothing is asked for: the chunked loop below slows products
+            // that need no hints, such as W5a's (see `Ahead`).
             for _ in 0..t.kc {
                 step!();
             }

@@ -318,9 +318,9 @@ unsafe fn max_plane(
 /// gathered loads and a scalar loop over the padded edge. The lanes of the values read
 /// that are NaN are returned (the outputs are then unspecified).
 ///
-/// ResNet's stem pool alone (`examples/pool_cost.rs`, 8×64×112×112, 3×3 at stride 2,
-/// padding 1, three alternating runs): 0.96–0.99 → 0.59–0.73 ms, at the memory's pace; the
-/// stem's convolution pooled in one pass (`examples/pooled_cost.rs`) 6.30–6.41 → 5.82–5.89.
+/// It brings ResNet's stem pool to the memory's pace (`docs/benchmarks.md`, "ResNet's stem";
+/// the general path's figures in `docs/structured-ops.md`, "Measurements behind design
+/// choices").
 #[target_feature(enable = "avx512f,avx512dq")]
 unsafe fn row_max_3_by_2(row: &[f32], out: &mut [f32]) -> __mmask16 {
     let w = row.len();

@@ -25,9 +25,8 @@ fn exp16(x: __m512) -> __m512 {
 }
 
 /// [`exp16`], its reduction and polynomial contracted into fused multiply-adds where
-/// `FUSED`: a few ULPs from the definition instead of its bits, in fewer instructions.
-/// SiLU over a tile in L1 took 0.31 ns per element on one core so, against 0.38 in the
-/// definition's order.
+/// `FUSED`: a few ULPs from the definition instead of its bits, in fewer instructions, which
+/// makes SiLU faster (`docs/structured-ops.md`, "Measurements behind design choices").
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn exp16_as<const FUSED: bool>(x: __m512) -> __m512 {
@@ -176,9 +175,9 @@ fn horner_split_pd<const N: usize>(coeffs: &[f64], u: [__m512d; N]) -> [__m512d;
 /// instead of dividing again. One rounding in f64 more or less moves the result rounded
 /// to f32 only where the f64 value lies next to an f32 rounding boundary: one input of all
 /// 2^32 (checked once) comes out one ULP off the scalar definition. In order, the
-/// definition's chain of some eighty dependent steps and two divisions per vector took
-/// 1.63–1.71 ns per element on one core, more than the separate compiled-C kernel it
-/// replaces (whose compiler contracts it in fast numerics); so, 1.24–1.27.
+/// definition's chain of some eighty dependent steps and two divisions per vector was slower
+/// than the separate compiled-C kernel it replaces, whose compiler contracts it in fast
+/// numerics (`docs/structured-ops.md`, "Routines": activations).
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
 fn gelu_pd<const N: usize>(y: [__m512d; N]) -> [__m512d; N] {
@@ -511,8 +510,7 @@ fn gelu_tanh_blocks<const B: usize>(x: [__m512; B]) -> [__m512; B] {
 #[target_feature(enable = "avx512f,avx512dq")]
 pub(super) unsafe fn gelu_tanh_f32_slice(values: &mut [f32]) {
     // Two blocks side by side: the chain of one block's dependent steps is some forty
-    // instructions long. Two, four and eight blocks measured the same (0.77-0.81 ns per
-    // element with the matmul pass around them, one core).
+    // instructions long. Four and eight blocks measured no faster.
     const B: usize = 2;
     let mut tiles = values.chunks_exact_mut(16 * B);
     for tile in &mut tiles {
