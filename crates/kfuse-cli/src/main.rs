@@ -174,6 +174,11 @@ enum Command {
 fn main() -> ExitCode {
     quit_quietly_on_closed_stdout();
     let cli = Cli::parse();
+    // A thread count kfuse cannot use is refused before anything runs, not replaced silently.
+    if let Err(e) = kfuse::routines::threads_from_env() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Run {
             program,

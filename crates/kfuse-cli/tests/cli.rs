@@ -380,6 +380,28 @@ fn bench_refuses_unknown_workloads() {
     );
 }
 
+/// A thread count kfuse cannot use is an error naming it, not a silent fallback.
+#[test]
+fn a_bad_thread_count_is_refused() {
+    let program = programs().join("indexing/program.kf");
+    for bad in ["0", "two", "-3"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_kfuse"))
+            .args(["check", program.to_str().unwrap()])
+            .env("KFUSE_THREADS", bad)
+            .output()
+            .expect("kfuse runs");
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "KFUSE_THREADS={bad}: {err}");
+        assert!(err.contains(&format!("KFUSE_THREADS=\"{bad}\"")), "{err}");
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_kfuse"))
+        .args(["check", program.to_str().unwrap()])
+        .env("KFUSE_THREADS", "2")
+        .output()
+        .expect("kfuse runs");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
 #[test]
 fn malformed_program_files_never_panic_the_cli() {
     let dir = scratch("fuzz");

@@ -30,7 +30,7 @@ fn compiler(name: &str) -> Option<(Compiler, PathBuf)> {
     match Compiler::detect(dir.clone()) {
         Ok(cc) => Some((cc, dir)),
         Err(e) => {
-            eprintln!("SKIPPED {name}: no C compiler ({e})");
+            kfuse_testkit::skip(name, kfuse_testkit::Prerequisite::CCompiler, &e);
             None
         }
     }
@@ -74,7 +74,11 @@ fn a_linked_or_foreign_cache_directory_is_refused() {
         assert!(err.contains("belongs to user 65534"), "{err}");
         std::fs::remove_dir_all(&foreign).unwrap();
     } else {
-        eprintln!("SKIPPED a foreign cache directory: making one needs root");
+        kfuse_testkit::skip(
+            "a_linked_or_foreign_cache_directory_is_refused",
+            kfuse_testkit::Prerequisite::Root,
+            "making another user's directory needs root",
+        );
     }
     std::fs::remove_dir_all(&target).unwrap();
 }

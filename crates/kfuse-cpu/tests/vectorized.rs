@@ -96,9 +96,13 @@ fn elementwise_kernels_vectorize_in_both_modes() {
         let source = kernel_source(&text);
         for numerics in [Numerics::Strict, Numerics::Fast] {
             let Some(report) = compiler.vectorization_report(&source, numerics).unwrap() else {
-                eprintln!(
-                    "SKIPPED: {} ({}) gives no -fopt-info-vec report; this test needs GCC",
-                    compiler.program, compiler.version
+                kfuse_testkit::skip(
+                    "elementwise_kernels_vectorize_in_both_modes",
+                    kfuse_testkit::Prerequisite::Optional,
+                    &format!(
+                        "{} ({}) gives no -fopt-info-vec report; this test needs GCC",
+                        compiler.program, compiler.version
+                    ),
                 );
                 let _ = std::fs::remove_dir_all(&dir);
                 return;

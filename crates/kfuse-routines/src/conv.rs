@@ -1291,8 +1291,10 @@ mod routes {
     #[test]
     fn resnet_convolutions_take_their_routines() {
         if !crate::dense::has_avx512() {
-            eprintln!(
-                "skipped: the direct and Winograd kernels need AVX-512, which this CPU lacks"
+            kfuse_testkit::skip(
+                "resnet_convolutions_take_their_routines",
+                kfuse_testkit::Prerequisite::Avx512,
+                "the direct and Winograd kernels need AVX-512, which this CPU lacks",
             );
             return;
         }
@@ -1343,7 +1345,11 @@ mod routes {
     #[test]
     fn pointwise_convolutions_take_their_routines() {
         if !crate::dense::has_avx512() {
-            eprintln!("skipped: the direct microkernel needs AVX-512, which this CPU lacks");
+            kfuse_testkit::skip(
+                "pointwise_convolutions_take_their_routines",
+                kfuse_testkit::Prerequisite::Avx512,
+                "the direct microkernel needs AVX-512, which this CPU lacks",
+            );
             return;
         }
         assert_eq!(route(8, 64, 128, 112, 1, 1), Kind::Im2col);

@@ -617,7 +617,11 @@ mod clamp_tests {
     fn clamp_in_registers_matches_the_epilogue() {
         use std::arch::x86_64::*;
         if !crate::dense::has_avx512() {
-            eprintln!("SKIPPED: the clamp in registers needs AVX-512, which this CPU lacks");
+            kfuse_testkit::skip(
+                "clamp_in_registers_matches_the_epilogue",
+                kfuse_testkit::Prerequisite::Avx512,
+                "the clamp in registers needs AVX-512, which this CPU lacks",
+            );
             return;
         }
         let specials = super::CLAMP_SPECIALS;

@@ -19,7 +19,7 @@ pub mod pooling;
 mod prefetch;
 mod simd;
 
-pub use pool::Pool;
+pub use pool::{threads_from_env, Pool};
 
 /// Kernels writing at least this many bytes stream their contiguous stores: the output cannot
 /// stay in the last-level cache for its consumer anyway, and non-temporal stores skip reading

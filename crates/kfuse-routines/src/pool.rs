@@ -66,14 +66,21 @@ impl Pool {
         }
     }
 
-    /// The process-wide pool: `KFUSE_THREADS` threads, else one per available core.
+    /// The process-wide pool: `KFUSE_THREADS` threads, else one per available core. A
+    /// `KFUSE_THREADS` that is not a whole number from 1 up is reported on standard error and
+    /// the default taken (the `kfuse` binary refuses it before anything runs, with
+    /// [`threads_from_env`]).
     pub fn global() -> &'static Pool {
         static POOL: OnceLock<Pool> = OnceLock::new();
         POOL.get_or_init(|| {
-            let threads = std::env::var("KFUSE_THREADS")
-                .ok()
-                .and_then(|t| t.parse().ok())
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let threads = match threads_from_env() {
+                Ok(threads) => threads.unwrap_or(cores),
+                Err(e) => {
+                    eprintln!("kfuse: {e}; using {cores} threads");
+                    cores
+                }
+            };
             Pool::new(threads)
         })
     }
@@ -173,6 +180,46 @@ fn worker(s: &Shared) {
             // SAFETY: see `Shared`.
             unsafe { (*job)(i) };
             s.done.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The thread count `KFUSE_THREADS` asks for: `None` where it is unset or empty, an error
+/// naming the value where it is not a whole number from 1 to 1024.
+pub fn threads_from_env() -> Result<Option<usize>, String> {
+    match std::env::var("KFUSE_THREADS") {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(format!("KFUSE_THREADS={v:?} is not a number of threads"))
+        }
+        Ok(v) => parse_threads(&v),
+    }
+}
+
+fn parse_threads(value: &str) -> Result<Option<usize>, String> {
+    if value.trim().is_empty() {
+        return Ok(None);
+    }
+    match value.trim().parse::<usize>() {
+        Ok(n) if (1..=1024).contains(&n) => Ok(Some(n)),
+        _ => Err(format!(
+            "KFUSE_THREADS={value:?} is not a number of threads (a whole number from 1 to 1024)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod thread_count {
+    use super::parse_threads;
+
+    #[test]
+    fn only_whole_numbers_from_one_up_are_thread_counts() {
+        assert_eq!(parse_threads(""), Ok(None));
+        assert_eq!(parse_threads("2"), Ok(Some(2)));
+        assert_eq!(parse_threads(" 16 "), Ok(Some(16)));
+        for bad in ["0", "-1", "two", "1.5", "4096", "99999999999999999999999"] {
+            let err = parse_threads(bad).unwrap_err();
+            assert!(err.contains("KFUSE_THREADS") && err.contains(bad), "{err}");
         }
     }
 }

@@ -254,7 +254,11 @@ mod tests {
     #[test]
     fn the_vector_kernels_match_the_window_loop_bit_for_bit() {
         if !crate::dense::has_avx512() {
-            eprintln!("skipped: this CPU has no AVX-512, so only the scalar loop runs");
+            kfuse_testkit::skip(
+                "the_vector_kernels_match_the_window_loop_bit_for_bit",
+                kfuse_testkit::Prerequisite::Avx512,
+                "this CPU has no AVX-512, so only the scalar loop runs",
+            );
             return;
         }
         let shapes: &[Shape] = &[

@@ -1080,7 +1080,11 @@ mod tests {
     #[test]
     fn in_place_kernel_matches_the_bordered_copy_bit_for_bit() {
         if !has_avx512() {
-            eprintln!("SKIPPED: the in-place depthwise kernel needs AVX-512, which this CPU lacks");
+            kfuse_testkit::skip(
+                "in_place_kernel_matches_the_bordered_copy_bit_for_bit",
+                kfuse_testkit::Prerequisite::Avx512,
+                "the in-place depthwise kernel needs AVX-512, which this CPU lacks",
+            );
             return;
         }
         // (kernel, stride, padding, input height and width)
@@ -1163,7 +1167,11 @@ mod tests {
     #[test]
     fn nhwc_kernel_matches_the_portable_one_bit_for_bit() {
         if !has_avx512() {
-            eprintln!("SKIPPED: the NHWC depthwise kernel needs AVX-512, which this CPU lacks");
+            kfuse_testkit::skip(
+                "nhwc_kernel_matches_the_portable_one_bit_for_bit",
+                kfuse_testkit::Prerequisite::Avx512,
+                "the NHWC depthwise kernel needs AVX-512, which this CPU lacks",
+            );
             return;
         }
         // (channels, kernel, stride, dilation, padding, input height and width)

@@ -1144,7 +1144,11 @@ mod tests {
     #[test]
     fn each_output_is_its_sum_within_rounding() {
         if !has_avx512() {
-            eprintln!("SKIPPED: the Winograd kernel needs AVX-512, which this CPU lacks");
+            kfuse_testkit::skip(
+                "each_output_is_its_sum_within_rounding",
+                kfuse_testkit::Prerequisite::Avx512,
+                "the Winograd kernel needs AVX-512, which this CPU lacks",
+            );
             return;
         }
         let specials = [0.0, -0.0, 1e-40, -3e-39, f32::MIN_POSITIVE, 1e-30];
@@ -1167,7 +1171,11 @@ mod tests {
     #[test]
     fn narrow_outputs_of_many_channels_match_their_sums() {
         if !has_avx512() {
-            eprintln!("SKIPPED: the Winograd kernel needs AVX-512, which this CPU lacks");
+            kfuse_testkit::skip(
+                "narrow_outputs_of_many_channels_match_their_sums",
+                kfuse_testkit::Prerequisite::Avx512,
+                "the Winograd kernel needs AVX-512, which this CPU lacks",
+            );
             return;
         }
         let cases: [Case; 4] = [
@@ -1236,7 +1244,11 @@ mod tests {
     #[test]
     fn small_images_side_by_side_match_their_sums() {
         if !has_avx512() {
-            eprintln!("SKIPPED: the Winograd kernel needs AVX-512, which this CPU lacks");
+            kfuse_testkit::skip(
+                "small_images_side_by_side_match_their_sums",
+                kfuse_testkit::Prerequisite::Avx512,
+                "the Winograd kernel needs AVX-512, which this CPU lacks",
+            );
             return;
         }
         let cases: [Case; 5] = [
@@ -1278,7 +1290,11 @@ mod tests {
     #[test]
     fn grouped_convolutions_match_their_sums() {
         if !has_avx512() {
-            eprintln!("SKIPPED: the Winograd kernel needs AVX-512, which this CPU lacks");
+            kfuse_testkit::skip(
+                "grouped_convolutions_match_their_sums",
+                kfuse_testkit::Prerequisite::Avx512,
+                "the Winograd kernel needs AVX-512, which this CPU lacks",
+            );
             return;
         }
         let cases: [(Case, usize); 3] = [
@@ -1303,7 +1319,11 @@ mod tests {
     #[test]
     fn non_finite_values_give_the_direct_kernels_output() {
         if !has_avx512() {
-            eprintln!("SKIPPED: the Winograd kernel needs AVX-512, which this CPU lacks");
+            kfuse_testkit::skip(
+                "non_finite_values_give_the_direct_kernels_output",
+                kfuse_testkit::Prerequisite::Avx512,
+                "the Winograd kernel needs AVX-512, which this CPU lacks",
+            );
             return;
         }
         let case: Case = (2, 16, 20, 9, 30, [1, 1, 1, 1]);

@@ -892,7 +892,11 @@ mod tests {
     #[test]
     fn products_match_an_f64_reference() {
         if !applies(1, 16, 1) {
-            eprintln!("SKIPPED products_match_an_f64_reference: the CPU lacks AVX-512");
+            kfuse_testkit::skip(
+                "products_match_an_f64_reference",
+                kfuse_testkit::Prerequisite::Avx512,
+                "the CPU lacks AVX-512",
+            );
             return;
         }
         let shapes = [
@@ -976,8 +980,10 @@ mod tests {
     #[test]
     fn a_finished_product_is_the_product_then_its_epilogue() {
         if !applies(1, 16, 1) {
-            eprintln!(
-                "SKIPPED a_finished_product_is_the_product_then_its_epilogue: the CPU lacks AVX-512"
+            kfuse_testkit::skip(
+                "a_finished_product_is_the_product_then_its_epilogue",
+                kfuse_testkit::Prerequisite::Avx512,
+                "the CPU lacks AVX-512",
             );
             return;
         }
@@ -1066,7 +1072,11 @@ mod tests {
     #[test]
     fn special_values_reach_only_their_outputs() {
         if !applies(1, 16, 1) {
-            eprintln!("SKIPPED special_values_reach_only_their_outputs: the CPU lacks AVX-512");
+            kfuse_testkit::skip(
+                "special_values_reach_only_their_outputs",
+                kfuse_testkit::Prerequisite::Avx512,
+                "the CPU lacks AVX-512",
+            );
             return;
         }
         let (m, n, k) = (7, 20, 5);
