@@ -434,11 +434,17 @@ pub fn load_npy(path: &Path) -> Result<Array, NpyError> {
 }
 
 /// Writes a `.npy` file atomically: the data goes to a temporary file beside it, which is then
-/// renamed over the target, so a failure never leaves a partial file.
+/// renamed over the target, so a failure never leaves a partial file (see [`atomic_write`]).
 pub fn save_npy(path: &Path, array: &Array) -> Result<(), NpyError> {
     atomic_write(path, |w| write_npy(w, array))
 }
 
+/// Writes `path` atomically with `body`. Where the file system has unnamed temporary files
+/// (Linux's `O_TMPFILE`), the data is written to one in the target's directory and linked into
+/// place only when complete and synced: a process killed while writing (SIGINT, SIGTERM or
+/// SIGKILL) leaves nothing behind. Elsewhere the temporary file is named (`.kfuse-<pid>-<n>-`
+/// and the start of the target's name, within the file system's name limit), created
+/// exclusively so that a planted symbolic link is never followed, and removed on every error.
 fn atomic_write(
     path: &Path,
     body: impl FnOnce(&mut std::io::BufWriter<&File>) -> Result<(), NpyError>,
@@ -453,25 +459,133 @@ fn atomic_write(
             path.display()
         )))
     })?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| {
-        let file = File::create(&tmp)?;
-        let mut w = std::io::BufWriter::new(&file);
-        body(&mut w)?;
-        w.flush()?;
-        drop(w);
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        Ok(())
-    })();
+    let write =
+        |file: &File,
+         body: Box<dyn FnOnce(&mut std::io::BufWriter<&File>) -> Result<(), NpyError> + '_>|
+         -> Result<(), NpyError> {
+            let mut w = std::io::BufWriter::new(file);
+            body(&mut w)?;
+            w.flush()?;
+            drop(w);
+            file.sync_all()?;
+            Ok(())
+        };
+    #[cfg(target_os = "linux")]
+    if let Some(file) = unnamed_file(dir) {
+        write(&file, Box::new(body))?;
+        return link_into_place(&file, dir, name, path);
+    }
+    let (tmp, file) = named_temporary(dir, name)?;
+    let result = write(&file, Box::new(body)).and_then(|()| Ok(std::fs::rename(&tmp, path)?));
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// A temporary name in `dir` for a file that becomes `name`: hidden, unique to this process and
+/// attempt, and short enough for any file system (255 bytes) whatever the length of `name`.
+fn temporary_name(dir: &Path, name: &std::ffi::OsStr, attempt: u32) -> std::path::PathBuf {
+    let name = name.to_string_lossy();
+    let mut end = name.len().min(160);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    dir.join(format!(
+        ".kfuse-{}-{attempt}-{}.tmp",
+        std::process::id(),
+        &name[..end]
+    ))
+}
+
+/// A new file under a [`temporary_name`], created exclusively (never through a link).
+fn named_temporary(
+    dir: &Path,
+    name: &std::ffi::OsStr,
+) -> Result<(std::path::PathBuf, File), NpyError> {
+    let mut attempt = 0;
+    loop {
+        let tmp = temporary_name(dir, name, attempt);
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+        {
+            Ok(file) => return Ok((tmp, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => {
+                attempt += 1
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// An unnamed file in `dir` (`O_TMPFILE`), where the file system has them.
+#[cfg(target_os = "linux")]
+fn unnamed_file(dir: &Path) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .mode(0o666)
+        .open(dir)
+        .ok()
+}
+
+/// Gives the complete unnamed `file` its name `path`: linked straight to it where no file of
+/// that name exists, else linked to a temporary name and renamed over the old file.
+#[cfg(target_os = "linux")]
+fn link_into_place(
+    file: &File,
+    dir: &Path,
+    name: &std::ffi::OsStr,
+    path: &Path,
+) -> Result<(), NpyError> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::io::AsRawFd;
+    let source = std::ffi::CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .expect("no NUL in a number");
+    let link = |target: &Path| -> std::io::Result<()> {
+        let target = std::ffi::CString::new(target.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::other("a NUL in the output path"))?;
+        // SAFETY: both paths are NUL-terminated strings that live across the call.
+        let rc = unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                source.as_ptr(),
+                libc::AT_FDCWD,
+                target.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    match link(path) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e.into()),
+        Err(_) => {}
+    }
+    let mut attempt = 0;
+    loop {
+        let tmp = temporary_name(dir, name, attempt);
+        match link(&tmp) {
+            Ok(()) => {
+                let renamed = std::fs::rename(&tmp, path);
+                if renamed.is_err() {
+                    let _ = std::fs::remove_file(&tmp);
+                }
+                return Ok(renamed?);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => {
+                attempt += 1
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Reads every array of an `.npz` archive, in archive order, named without the `.npy` suffix.

@@ -374,3 +374,63 @@ fn archive_members_are_checked_against_expected_types_before_their_data() {
         );
     }
 }
+
+/// A fresh scratch directory for the output-file tests.
+fn output_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kfuse-npy-out-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Saving never writes through a symbolic link planted where a temporary file might go: the
+/// file it points to keeps its contents, and the output is written in full.
+#[test]
+fn saving_never_writes_through_a_planted_link() {
+    let dir = output_dir("links");
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let target = dir.join("out.npy");
+    let pid = std::process::id();
+    // The names the writer has used or may use for its temporary file.
+    for planted in [
+        format!(".out.npy.{pid}.tmp"),
+        format!(".kfuse-{pid}-0-out.npy.tmp"),
+        format!(".kfuse-{pid}-1-out.npy.tmp"),
+    ] {
+        std::os::unix::fs::symlink(&victim, dir.join(planted)).unwrap();
+    }
+    let array = Array::from_vec(vec![3], vec![1.0f32, 2.0, 3.0]).unwrap();
+    save_npy(&target, &array).unwrap();
+    // Again over the existing file, which takes the rename path.
+    save_npy(&target, &array).unwrap();
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert_eq!(load_npy(&target).unwrap(), array);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An output whose name is as long as the file system allows is written: the temporary name
+/// stays within the limit.
+#[test]
+fn outputs_with_the_longest_names_are_written() {
+    let dir = output_dir("long");
+    let name = format!("{}.npy", "n".repeat(251));
+    let array = Array::from_vec(vec![2], vec![7i32, 8]).unwrap();
+    let path = dir.join(&name);
+    save_npy(&path, &array).unwrap();
+    save_npy(&path, &array).unwrap();
+    assert_eq!(load_npy(&path).unwrap(), array);
+    save_npz(
+        &dir.join(format!("{}.npz", "z".repeat(251))),
+        &[("a".into(), array)],
+    )
+    .unwrap();
+    // Nothing but the outputs is left in the directory.
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "{names:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
