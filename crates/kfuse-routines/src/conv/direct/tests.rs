@@ -233,7 +233,11 @@ type Routine = fn(&Geometry, &[f32], &[f32], &mut [f32], Post<f32>);
 /// [`check_against_sums`] for `run` in place of [`conv`].
 fn check_run_against_sums(cases: &[Case], run: Routine) {
     if !has_avx512() {
-        eprintln!("SKIPPED: the direct kernel needs AVX-512, which this CPU lacks");
+        kfuse_testkit::skip(
+            "check_run_against_sums",
+            kfuse_testkit::Prerequisite::Avx512,
+            "the direct kernel needs AVX-512, which this CPU lacks",
+        );
         return;
     }
     use super::super::reference::{sums, values};
@@ -297,7 +301,11 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 #[test]
 fn streamed_stores_off_a_line_write_what_ordinary_stores_write() {
     if !has_avx512() {
-        eprintln!("SKIPPED: the direct kernel needs AVX-512, which this CPU lacks");
+        kfuse_testkit::skip(
+            "streamed_stores_off_a_line_write_what_ordinary_stores_write",
+            kfuse_testkit::Prerequisite::Avx512,
+            "the direct kernel needs AVX-512, which this CPU lacks",
+        );
         return;
     }
     let value = |i: usize| ((i * 7919) % 997) as f32 / 997.0 - 0.5;
@@ -376,7 +384,11 @@ fn streamed_stores_off_a_line_write_what_ordinary_stores_write() {
 #[test]
 fn streamed_stores_write_what_ordinary_stores_write() {
     if !has_avx512() {
-        eprintln!("SKIPPED: the separable kernel needs AVX-512, which this CPU lacks");
+        kfuse_testkit::skip(
+            "streamed_stores_write_what_ordinary_stores_write",
+            kfuse_testkit::Prerequisite::Avx512,
+            "the separable kernel needs AVX-512, which this CPU lacks",
+        );
         return;
     }
     // Planes of 207 positions (never on lines but the first), and of 240 in three images
