@@ -2,6 +2,14 @@
 //! layouts over strides, padding, dilation, groups, depthwise and pointwise shapes, odd and
 //! size-1 dimensions, non-finite inputs; fast numerics within the summation bound, strict
 //! numerics bit-identical.
+//!
+//! Strict structured ops *are* the reference: in strict numerics the runner computes matmul,
+//! convolution and pooling with the reference interpreter's code, so the strict checks here
+//! test the plumbing around them (buffers, layouts, the epilogue's order), not a second
+//! implementation. The hand-written routines are the second implementation, and they run in
+//! fast numerics only: each result is checked against the reference within the bound their
+//! summation order gives, `2k * eps * sum |a_i b_i|` for a sum of `k` products (see
+//! docs/numerics.md).
 
 use kfuse_cpu::Numerics;
 use kfuse_fusion::{FixedCostModel, FusePolicy};
