@@ -303,13 +303,14 @@ pub(super) fn conv_copied(
             }
         });
     };
-    // A band's copy of its input rows stays in L2 while each block of output channels reads it. Bands are trimmed to whole blocks of positions where a few rows
-    // less get there (56-wide rows: 6 rows are 7 blocks).
+    // A band's copy of its input rows stays in L2 while each block of output channels reads it.
+    // Bands are trimmed to whole blocks of positions where a few rows less get there (56-wide
+    // rows: 6 rows are 7 blocks).
     let pool = crate::Pool::global();
     if oh * ow <= SMALL_IMAGE && n_images < 4 * pool.threads() && all_blocks > 1 {
         // Small images, too few for the threads: each task takes a whole image and a share of
-        // its output channels (1×512×7×7 → 512 in 7 bands of one row took 6.1 ms; each band
-        // read every weight for 7 positions).
+        // its output channels (bands of one row would each read every weight for a few
+        // positions).
         let splits = (4 * pool.threads()).div_ceil(n_images).min(all_blocks);
         let per = all_blocks.div_ceil(splits);
         pool.run(n_images * splits, &|t| {

@@ -30,8 +30,7 @@ pub(in crate::conv) fn separable(
 ) {
     // An output too large to stay in the last-level cache for its consumer goes out with
     // non-temporal stores, which skip reading each line before overwriting it (unless the rest
-    // of the epilogue reads it back at once). On one thread, W6a's pointwise half took
-    // 8.3-8.5 ms so against 9.0-9.1.
+    // of the epilogue reads it back at once).
     let stream = std::mem::size_of_val(y) >= crate::STREAM_MIN_BYTES;
     separable_stored(g, xs, wd, middle, wp, c_out, y, post, stream)
 }

@@ -43,7 +43,8 @@ fn pack_tap_major_afresh(ws: &[f32], groups: usize, og: usize, cg: usize, taps: 
             }
         }
     };
-    // 512 → 512 channels' 3×3 weights took 1.2 ms on one thread while the other waited.
+    // Packed over the threads: the weights of a wide layer are megabytes, too many for one
+    // thread while the other waits.
     pack_blocks(&mut packed, k * OB, &pack_block);
     packed
 }

@@ -57,8 +57,8 @@ pub(in crate::conv) fn phase_planes(
         let ph = grid.rows(rows);
         // The band this thread is likely to take next (the threads claim tasks in turn): its
         // input rows are asked for into L2 as the blocks run, so that the next fill reads less
-        // from memory. One thread, alternating runs: 8×128×56×56 → 128 at stride 2
-        // 10.88–10.93 → 10.14–10.32 ms, the 7×7 stem 9.89–10.07 → 9.37–9.59.
+        // from memory (measured in docs/structured-ops.md, Direct convolution kernel
+        // measurements).
         let ahead: Vec<&[f32]> = if t + threads < tasks {
             let (n2, band2) = task(t + threads);
             let (lo, hi) = g.rows_read(&band2);

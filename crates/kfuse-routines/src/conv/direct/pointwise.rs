@@ -249,11 +249,10 @@ pub(super) fn pointwise_bands(
         let q_blocks = p.div_ceil(QB) * QB;
         // The band this thread is likely to take next (the threads claim tasks in turn), whose
         // input the projection asks for into L2 as it runs, so that the next depthwise half
-        // reads less of it from memory. W6a on the AMD host, alternating in one process:
-        // 1.5–3.5% faster (4.88 → 4.81, 4.88 → 4.70 ms); the same with bands half as high,
-        // which keep the tile and the next input in L2 together. A wrong guess costs only the
-        // bandwidth. On the Intel host the prefetches slow the projection by more than they
-        // save the fill (see [`prefetches_ahead`]).
+        // reads less of it from memory; bands are sized to keep the tile and the next input in
+        // L2 together. A wrong guess costs only the bandwidth. Where the prefetches slow the
+        // projection by more than they save the fill, they are off (see [`prefetches_ahead`]
+        // and docs/structured-ops.md, Direct convolution kernel measurements).
         let next = n * bands + band.start / rows + pool.threads();
         let ahead = if next < n_images * bands && prefetches_ahead() {
             let (n2, b2) = (next / bands, next % bands);
