@@ -356,6 +356,37 @@ fn relative_error(got: &Array, want: &Array) -> f64 {
     err / scale.max(f64::MIN_POSITIVE)
 }
 
+/// The largest error of `case`'s outputs relative to the reference interpreter's on the same
+/// inputs (`program` with `frozen` as constants, as `case` was built); an error past
+/// `docs/benchmarks.md`'s tolerance for W5-W7 (1e-3 of the largest reference value, as
+/// WORKLOADS.md states it) or a different output count stops the bench.
+fn checked_against_reference(
+    id: &str,
+    case: &Case,
+    program: &str,
+    frozen: &[(String, Array)],
+) -> Result<f64> {
+    let (got, _) = case.exe.run(&case.inputs, &CustomOps::new())?;
+    let graph = kfuse::opt::freeze(&kfuse::parse(program)?, frozen)?;
+    let want = kfuse::run_graph(&graph, &case.inputs, &CustomOps::new())?;
+    if got.len() != want.len() {
+        bail!(
+            "{id}: {} outputs where the reference has {}",
+            got.len(),
+            want.len()
+        );
+    }
+    let error = got
+        .iter()
+        .zip(&want)
+        .map(|((_, g), (_, w))| relative_error(g, w))
+        .fold(0.0, f64::max);
+    if error > 1e-3 {
+        bail!("{id}: off the reference interpreter's result by {error:e} of its largest value");
+    }
+    Ok(error)
+}
+
 /// Every workload and extra case `kfuse bench` takes by name.
 pub const WORKLOAD_IDS: [&str; 26] = [
     "W0",
@@ -936,7 +967,16 @@ fn gemm_epilogues(
                 ))
             );
         }
-        rows.push(json!({"id": id, "ms": ms, "bare_gemm_ms": bare_ms, "ratio": ms / bare_ms, "floor_ms": floor}));
+        let (case, program) = if id == "W5a" {
+            (&cases[1], &w5a)
+        } else {
+            (&cases[3], &w5b)
+        };
+        let error = checked_against_reference(id, case, program, &[])?;
+        if !as_json {
+            println!("{id}: within {error:.1e} of the reference interpreter's result");
+        }
+        rows.push(json!({"id": id, "ms": ms, "bare_gemm_ms": bare_ms, "ratio": ms / bare_ms, "floor_ms": floor, "max_rel_error": error}));
     }
     Ok(json!(rows))
 }
@@ -1131,6 +1171,13 @@ fn conv_workloads(
                 );
             }
         }
+        let w6a_error = checked_against_reference("W6a", &cases[0], &block, &frozen)?;
+        let w6b_error = checked_against_reference("W6b", &cases[2], &standard, &frozen6b)?;
+        if !as_json {
+            println!(
+                "W6a: within {w6a_error:.1e}, W6b within {w6b_error:.1e} of the reference interpreter's results"
+            );
+        }
         rows.push(json!({
             "id": "W6a",
             "ms": fused,
@@ -1138,9 +1185,10 @@ fn conv_workloads(
             "speedup": unfused / fused,
             "floor_ms": floors.map(|f| f.0),
             "unfused_floor_ms": floors.map(|f| f.1),
+            "max_rel_error": w6a_error,
         }));
         rows.push(
-            json!({"id": "W6b", "ms": w6b, "ratio_to_w6a": w6b / fused, "floor_ms": w6b_floor}),
+            json!({"id": "W6b", "ms": w6b, "ratio_to_w6a": w6b / fused, "floor_ms": w6b_floor, "max_rel_error": w6b_error}),
         );
     }
     if wanted("mobilenet") {
@@ -1416,7 +1464,11 @@ fn conv_workloads(
                 ))
             );
         }
-        rows.push(json!({"id": "W7", "ms": w7, "bare_conv_ms": bare_ms, "ratio": w7 / bare_ms, "floor_ms": floor}));
+        let error = checked_against_reference("W7", &cases[1], &bn, &frozen)?;
+        if !as_json {
+            println!("W7: within {error:.1e} of the reference interpreter's result");
+        }
+        rows.push(json!({"id": "W7", "ms": w7, "bare_conv_ms": bare_ms, "ratio": w7 / bare_ms, "floor_ms": floor, "max_rel_error": error}));
     }
     Ok(json!(rows))
 }

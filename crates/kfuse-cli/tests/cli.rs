@@ -931,7 +931,8 @@ fn weights_can_be_constants_and_runs_repeated() {
 
 /// `kfuse bench --quick --json` runs every workload at small sizes and reports each: W0's
 /// bandwidth rows and peak FMA, W1-W4 fused against unfused (the bench itself fails when the
-/// fused result leaves the workload's tolerance), W5-W7 and the cost-model case. Only the
+/// fused result leaves the workload's tolerance), W5-W7 (each checked against the reference
+/// interpreter likewise) and the cost-model case. Only the
 /// report's shape and sanity are checked here, never a timing.
 #[test]
 fn bench_quick_reports_every_workload() {
@@ -988,6 +989,15 @@ fn bench_quick_reports_every_workload() {
             .cloned()
             .unwrap_or_else(|| panic!("{id} missing"))
     };
+    // Every structured workload's result was checked against the reference interpreter, and
+    // its error is reported.
+    for id in ["W5a", "W5b", "W6a", "W6b", "W7"] {
+        let row = structured(id);
+        let error = row["max_rel_error"]
+            .as_f64()
+            .expect("an error against the reference");
+        assert!((0.0..=1e-3).contains(&error), "{row}");
+    }
     if fma["rows"].is_array() {
         let roof = &report["roof"];
         for limit in ["gflop_per_s", "gb_per_s"] {
