@@ -12,6 +12,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("kfuse-interp", &["kfuse-ir", "kfuse-math"]),
     ("kfuse-npy", &["kfuse-ir"]),
     ("kfuse-opt", &["kfuse-ir", "kfuse-interp"]),
+    ("kfuse-autodiff", &["kfuse-ir"]),
     ("kfuse-fusion", &["kfuse-ir"]),
     ("kfuse-kernel", &["kfuse-ir", "kfuse-fusion"]),
     // The hand-written routines know nothing of the compiler.
@@ -62,6 +63,7 @@ const PURE: &[&str] = &[
     "kfuse-ir",
     "kfuse-math",
     "kfuse-interp",
+    "kfuse-autodiff",
     "kfuse-fusion",
     "kfuse-kernel",
 ];
