@@ -445,16 +445,17 @@ fn reduce(
     let x_shape = graph.ty(x).shape.clone();
     let kept: Shape = keepdims_shape(&x_shape, axes);
     let g_kept = b.reshape(g, &kept)?;
-    let g_full = b.broadcast(g_kept, &x_shape)?;
     let d = match op {
-        ReduceOp::Sum => g_full,
+        ReduceOp::Sum => b.broadcast(g_kept, &x_shape)?,
         ReduceOp::Mean => {
+            let g_full = b.broadcast(g_kept, &x_shape)?;
             let count: usize = axes.iter().map(|&a| x_shape.dims()[a]).product();
             b.scale(g_full, 1.0 / count.max(1) as f64)?
         }
         ReduceOp::Prod => {
             let y_kept = b.reshape(y, &kept)?;
             let q = b.div(y_kept, x)?;
+            let g_full = b.broadcast(g_kept, &x_shape)?;
             b.mul(g_full, q)?
         }
         ReduceOp::Max | ReduceOp::Min => {
