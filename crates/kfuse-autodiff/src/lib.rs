@@ -48,6 +48,9 @@ pub enum AutodiffError {
     /// A value that the graph does not define.
     #[error("%{node}#{result} is not a value of the graph")]
     NoSuchValue { node: u32, result: u32 },
+    /// An output name the gradient program needs (`loss`, `grad_<name>`) is already taken.
+    #[error("the program already has an output called {0:?}")]
+    OutputNameTaken(String),
     /// Building the backward graph failed; this is a bug in a gradient rule.
     #[error("building the gradient graph: {0}")]
     Ir(#[from] IrError),
@@ -118,7 +121,7 @@ pub fn grad(graph: &Graph, loss: Value, wrt: &[Value]) -> Result<Graph, Autodiff
 
     let mut out = b.finish();
     if !out.outputs().iter().any(|o| o.value == loss) {
-        out.add_output("loss", loss)?;
+        add_output(&mut out, "loss".to_string(), loss)?;
     }
     for &w in wrt {
         let gradient = match cotangents.get(&w) {
@@ -131,7 +134,7 @@ pub fn grad(graph: &Graph, loss: Value, wrt: &[Value]) -> Result<Graph, Autodiff
                 zeros
             }
         };
-        out.add_output(gradient_name(graph, w), gradient)?;
+        add_output(&mut out, gradient_name(graph, w), gradient)?;
     }
     Ok(out)
 }
@@ -144,6 +147,13 @@ pub fn gradient_name(graph: &Graph, value: Value) -> String {
         _ if value.result == 0 => format!("grad_{}", value.node.0),
         _ => format!("grad_{}_{}", value.node.0, value.result),
     }
+}
+
+fn add_output(graph: &mut Graph, name: String, value: Value) -> Result<(), AutodiffError> {
+    if graph.outputs().iter().any(|o| o.name == name) {
+        return Err(AutodiffError::OutputNameTaken(name));
+    }
+    Ok(graph.add_output(name, value)?)
 }
 
 fn check_value(graph: &Graph, value: Value) -> Result<&TensorType, AutodiffError> {
@@ -195,14 +205,23 @@ fn path_to_loss(graph: &Graph, loss: Value, wrt: &[Value]) -> Result<Vec<bool>, 
         }
     }
     let on_path: Vec<bool> = (0..n).map(|i| from_wrt[i] && to_loss[i]).collect();
+    // Each value that carries a gradient from one path node into another must be a float. Only
+    // the values actually used count, so the float values of `sort` reach its rule (and its
+    // `Unsupported` error) even though its indices are integers.
     for id in graph.node_ids().filter(|id| on_path[id.index()]) {
         let node = graph.node(id);
-        if let Some(t) = node.types.iter().find(|t| !t.dtype.is_float()) {
-            return Err(not_differentiable(
-                graph,
-                Value::of(id),
-                format!("it lies between a requested value and the loss and computes {t}, which has no derivative"),
-            ));
+        for (i, v) in node.operands.iter().enumerate() {
+            if !carries_gradient(&node.op, i) || !on_path[v.node.index()] {
+                continue;
+            }
+            let t = graph.ty(*v);
+            if !t.dtype.is_float() {
+                return Err(not_differentiable(
+                    graph,
+                    *v,
+                    format!("it lies between a requested value and the loss and computes {t}, which has no derivative"),
+                ));
+            }
         }
     }
     Ok(on_path)

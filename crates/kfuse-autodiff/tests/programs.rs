@@ -174,7 +174,15 @@ fn an_op_without_a_rule_is_an_unsupported_error_naming_it() {
     let src = "%x = input() name=\"x\" : f64[3]\n%s, %i = sort(%x) axis=0 descending=false\n\
                %loss = reduce_sum(%s) axes=[0]\noutput \"loss\" = %loss\n";
     let error = error_of(src, &["x"]);
-    assert!(error.to_string().contains("%1"), "{error}");
+    assert_eq!(error.to_string(), "node %1 (sort) has no gradient rule");
+}
+
+#[test]
+fn asking_twice_for_one_gradient_is_an_error() {
+    let src = "%x = input() name=\"x\" : f64[3]\n%loss = reduce_sum(%x) axes=[0]\n\
+               output \"loss\" = %loss\n";
+    let error = error_of(src, &["x", "x"]);
+    assert_eq!(error, AutodiffError::OutputNameTaken("grad_x".into()));
 }
 
 /// A random chain of elementwise, broadcasting and reducing ops on f64 inputs.

@@ -158,6 +158,17 @@ enum Command {
         /// The program, in the .kf text form.
         program: PathBuf,
     },
+    /// Print a .kf program joined with the reverse-mode gradient of one of its outputs.
+    Grad {
+        /// The program, in the .kf text form.
+        program: PathBuf,
+        /// The output to differentiate; it must be a scalar float.
+        #[arg(long = "of", value_name = "LOSS")]
+        loss: String,
+        /// The inputs to differentiate with respect to, separated by commas.
+        #[arg(long, value_name = "NAME,...", value_delimiter = ',', required = true)]
+        wrt: Vec<String>,
+    },
     /// Memory fusion: kernel KSM status, live view, governor, audit, and the dedup pool demo.
     Mem {
         #[command(subcommand)]
@@ -216,6 +227,7 @@ fn main() -> ExitCode {
             Ok(())
         }),
         Command::Check { program } => check(&program),
+        Command::Grad { program, loss, wrt } => grad(&program, &loss, &wrt),
         Command::Bench { json, quick, only } => bench::bench(json, quick, &only),
         Command::Demo { output_dir } => demo::demo(output_dir.as_deref()),
         Command::Mem { command } => mem::mem(command),
@@ -243,6 +255,30 @@ fn quit_quietly_on_closed_stdout() {
 }
 
 /// Reads and parses a program; parse errors carry `file:line:col`.
+/// `kfuse grad`: the joint forward and backward program on standard output, with the loss and one
+/// `grad_<input>` output per requested input.
+fn grad(path: &Path, loss: &str, wrt: &[String]) -> Result<()> {
+    let graph = load_program(path)?;
+    let loss_value = graph
+        .outputs()
+        .iter()
+        .find(|o| o.name == loss)
+        .map(|o| o.value)
+        .ok_or_else(|| anyhow::anyhow!("{} has no output called {loss:?}", path.display()))?;
+    let mut wrt_values = Vec::with_capacity(wrt.len());
+    for name in wrt {
+        let (id, _, _) = graph
+            .inputs()
+            .find(|(_, n, _)| n == name)
+            .ok_or_else(|| anyhow::anyhow!("{} has no input called {name:?}", path.display()))?;
+        wrt_values.push(kfuse::Value::of(id));
+    }
+    let joint = kfuse::autodiff::grad(&graph, loss_value, &wrt_values)
+        .with_context(|| format!("differentiating {loss:?} in {}", path.display()))?;
+    print!("{}", kfuse::print_graph(&joint));
+    Ok(())
+}
+
 fn load_program(path: &Path) -> Result<Graph> {
     let text = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let text = String::from_utf8(text).map_err(|e| {

@@ -44,6 +44,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "kfuse-ir",
             "kfuse-opt",
+            "kfuse-autodiff",
             "kfuse-interp",
             "kfuse-npy",
             "kfuse-fusion",

@@ -48,6 +48,7 @@ pub use kfuse_ir::{
     Layout, NodeId, Op, PadMode, Pool2dAttrs, PoolKind, ReduceOp, RngDist, Shape, Storage,
     TensorType, UnaryOp, Value,
 };
+pub use kfuse_autodiff as autodiff;
 pub use kfuse_npy as npy;
 pub use kfuse_runtime::{Backend, CacheAligned, Executable, Options, Tier};
 pub use nn::ConvTranspose2dAttrs;
