@@ -1,6 +1,8 @@
 //! Small constructors for the nodes the gradient rules emit.
 
-use kfuse_ir::{BinaryOp, CompareOp, Graph, IrError, Op, ReduceOp, Shape, TensorType, UnaryOp, Value};
+use kfuse_ir::{
+    BinaryOp, CompareOp, Graph, IrError, Op, ReduceOp, Shape, TensorType, UnaryOp, Value,
+};
 
 use crate::scalar_array;
 

@@ -354,6 +354,9 @@ fn one_minus(b: &mut Builder, x: Value) -> Result<Value, AutodiffError> {
     Ok(b.binary(BinaryOp::Sub, one, x)?)
 }
 
+/// The cotangents of a binary op's two operands, `None` where one is not wanted.
+type OperandPair = (Option<Value>, Option<Value>);
+
 /// The cotangents of `y = op(lhs, rhs)` in the broadcast result shape, before they are summed
 /// back to each operand's shape. `None` for an op without a rule.
 fn binary(
@@ -364,7 +367,7 @@ fn binary(
     y: Value,
     g: Value,
     wanted: &[bool],
-) -> Result<Option<(Option<Value>, Option<Value>)>, AutodiffError> {
+) -> Result<Option<OperandPair>, AutodiffError> {
     let (wl, wr) = (wanted[0], wanted[1]);
     let pair = match op {
         // d(a + b) = da + db.

@@ -40,7 +40,12 @@ fn input(graph: &Graph, name: &str) -> Value {
 }
 
 fn loss_of(graph: &Graph) -> Value {
-    graph.outputs().iter().find(|o| o.name == "loss").unwrap().value
+    graph
+        .outputs()
+        .iter()
+        .find(|o| o.name == "loss")
+        .unwrap()
+        .value
 }
 
 #[test]
@@ -67,7 +72,12 @@ fn mlp_with_softmax_cross_entropy_matches_finite_differences() {
 #[test]
 fn the_joint_program_prints_and_parses_back() {
     let graph = parse_graph(MLP).unwrap();
-    let joint = grad(&graph, loss_of(&graph), &[input(&graph, "w1"), input(&graph, "b2")]).unwrap();
+    let joint = grad(
+        &graph,
+        loss_of(&graph),
+        &[input(&graph, "w1"), input(&graph, "b2")],
+    )
+    .unwrap();
     let text = print_graph(&joint);
     let parsed = parse_graph(&text).unwrap();
     assert_eq!(parsed, joint);
@@ -85,7 +95,12 @@ fn the_backward_half_has_no_dead_nodes() {
         .map(|o| (o.name.clone(), o.value))
         .collect();
     let live = joint.extract(&outputs).unwrap();
-    assert_eq!(live.nodes().len(), joint.nodes().len(), "{}", print_graph(&joint));
+    assert_eq!(
+        live.nodes().len(),
+        joint.nodes().len(),
+        "{}",
+        print_graph(&joint)
+    );
 }
 
 #[test]
@@ -94,13 +109,24 @@ fn binary_max_gives_ties_to_the_first_operand() {
                %m = max(%a, %b)\n%n = min(%a, %b)\n%t = add(%m, %n)\n\
                %loss = reduce_sum(%m) axes=[0]\noutput \"loss\" = %loss\n";
     let graph = parse_graph(src).unwrap();
-    let joint = grad(&graph, loss_of(&graph), &[input(&graph, "a"), input(&graph, "b")]).unwrap();
+    let joint = grad(
+        &graph,
+        loss_of(&graph),
+        &[input(&graph, "a"), input(&graph, "b")],
+    )
+    .unwrap();
     let same = Array::from_vec(vec![3], vec![1.0f64, -2.0, 0.5]).unwrap();
     let inputs = vec![("a".to_string(), same.clone()), ("b".to_string(), same)];
     let out = run(&joint, &inputs, &CustomOps::new()).unwrap();
     let get = |name: &str| out.iter().find(|(n, _)| n == name).unwrap().1.clone();
-    assert_eq!(get("grad_a"), Array::from_vec(vec![3], vec![1.0f64; 3]).unwrap());
-    assert_eq!(get("grad_b"), Array::from_vec(vec![3], vec![0.0f64; 3]).unwrap());
+    assert_eq!(
+        get("grad_a"),
+        Array::from_vec(vec![3], vec![1.0f64; 3]).unwrap()
+    );
+    assert_eq!(
+        get("grad_b"),
+        Array::from_vec(vec![3], vec![0.0f64; 3]).unwrap()
+    );
 }
 
 #[test]
@@ -137,7 +163,10 @@ fn error_of(src: &str, wrt: &[&str]) -> AutodiffError {
 fn a_loss_that_is_not_a_scalar_is_an_error_naming_it() {
     let src = "%x = input() name=\"x\" : f64[3]\n%loss = exp(%x)\noutput \"loss\" = %loss\n";
     let error = error_of(src, &["x"]);
-    assert!(matches!(error, AutodiffError::LossNotScalar { node: 1, .. }));
+    assert!(matches!(
+        error,
+        AutodiffError::LossNotScalar { node: 1, .. }
+    ));
     assert!(error.to_string().contains("%1"), "{error}");
 }
 
@@ -146,7 +175,10 @@ fn a_gradient_with_respect_to_an_integer_is_an_error_naming_it() {
     let src = "%i = input() name=\"i\" : i64[3]\n%x = cast(%i) to=f64\n\
                %loss = reduce_sum(%x) axes=[0]\noutput \"loss\" = %loss\n";
     let error = error_of(src, &["i"]);
-    assert!(matches!(error, AutodiffError::NotDifferentiable { node: 0, .. }));
+    assert!(matches!(
+        error,
+        AutodiffError::NotDifferentiable { node: 0, .. }
+    ));
     assert!(error.to_string().contains("%0 (input)"), "{error}");
 }
 
@@ -170,7 +202,10 @@ fn an_op_without_a_rule_is_an_unsupported_error_naming_it() {
     let src = "%x = input() name=\"x\" : f64[3]\n%p = pad(%x) low=[1] high=[1] mode=edge value=0\n\
                %loss = reduce_sum(%p) axes=[0]\noutput \"loss\" = %loss\n";
     let error = error_of(src, &["x"]);
-    assert_eq!(error.to_string(), "node %1 (pad (mode edge)) has no gradient rule");
+    assert_eq!(
+        error.to_string(),
+        "node %1 (pad (mode edge)) has no gradient rule"
+    );
     let src = "%x = input() name=\"x\" : f64[3]\n%s, %i = sort(%x) axis=0 descending=false\n\
                %loss = reduce_sum(%s) axes=[0]\noutput \"loss\" = %loss\n";
     let error = error_of(src, &["x"]);
@@ -191,7 +226,13 @@ fn random_program(rng: &mut Rng) -> Graph {
     let dims = [1 + rng.below(3), 1 + rng.below(3), 1 + rng.below(3)];
     let ty = TensorType::new(DType::F64, dims.to_vec());
     let mut current = graph
-        .add(Op::Input { name: "in0".into(), ty }, vec![])
+        .add(
+            Op::Input {
+                name: "in0".into(),
+                ty,
+            },
+            vec![],
+        )
         .unwrap();
     let mut n_inputs = 1;
     for _ in 0..2 + rng.below(5) {
@@ -268,7 +309,10 @@ fn random_differentiable_programs_match_finite_differences() {
                 let values: Vec<f64> = (0..ty.shape.n_elems())
                     .map(|_| uniform(&mut rng, -1.0, 1.0))
                     .collect();
-                (name.to_string(), Array::from_vec(ty.shape.dims().to_vec(), values).unwrap())
+                (
+                    name.to_string(),
+                    Array::from_vec(ty.shape.dims().to_vec(), values).unwrap(),
+                )
             })
             .collect();
         let wrt: Vec<&str> = names.iter().map(String::as_str).collect();

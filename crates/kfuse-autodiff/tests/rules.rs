@@ -38,7 +38,10 @@ const BROADCAST_PAIRS: &[(&[usize], &[usize])] = &[
 
 #[test]
 fn binary_ops_with_broadcasting_match_finite_differences() {
-    for (k, op) in ["add", "sub", "mul", "div", "pow", "max", "min"].iter().enumerate() {
+    for (k, op) in ["add", "sub", "mul", "div", "pow", "max", "min"]
+        .iter()
+        .enumerate()
+    {
         for (j, (a, b)) in BROADCAST_PAIRS.iter().enumerate() {
             let domain = if *op == "pow" || *op == "div" {
                 Domain::Positive
@@ -77,9 +80,15 @@ fn clamp_matches_finite_differences() {
 #[test]
 fn reductions_match_finite_differences() {
     let axes_cases: &[&[usize]] = &[&[0], &[1, 2], &[2], &[0, 1, 2]];
-    for (k, op) in ["reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"]
-        .iter()
-        .enumerate()
+    for (k, op) in [
+        "reduce_sum",
+        "reduce_mean",
+        "reduce_max",
+        "reduce_min",
+        "reduce_prod",
+    ]
+    .iter()
+    .enumerate()
     {
         for (j, axes) in axes_cases.iter().enumerate() {
             for keepdims in [false, true] {

@@ -33,11 +33,20 @@ fn grad_prints_the_joint_program() {
     let program = program_with_loss();
     let out = kfuse(&["grad", &program, "--of", "loss", "--wrt", "w,b"]);
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let graph = kfuse::parse_graph(&stdout).unwrap();
     let names: Vec<&str> = graph.outputs().iter().map(|o| o.name.as_str()).collect();
     assert_eq!(names, ["y", "g", "loss", "grad_w", "grad_b"]);
-    let grad_w = graph.outputs().iter().find(|o| o.name == "grad_w").unwrap().value;
+    let grad_w = graph
+        .outputs()
+        .iter()
+        .find(|o| o.name == "grad_w")
+        .unwrap()
+        .value;
     assert_eq!(graph.ty(grad_w).to_string(), "f32[8, 5]");
 }
 
@@ -45,8 +54,14 @@ fn grad_prints_the_joint_program() {
 fn grad_names_a_bad_loss_or_input() {
     let program = program_with_loss();
     for (args, needle) in [
-        (vec!["--of", "nope", "--wrt", "w"], "no output called \"nope\""),
-        (vec!["--of", "loss", "--wrt", "w,zz"], "no input called \"zz\""),
+        (
+            vec!["--of", "nope", "--wrt", "w"],
+            "no output called \"nope\"",
+        ),
+        (
+            vec!["--of", "loss", "--wrt", "w,zz"],
+            "no input called \"zz\"",
+        ),
         (vec!["--of", "y", "--wrt", "w"], "must be a scalar float"),
     ] {
         let mut all = vec!["grad", program.as_str()];

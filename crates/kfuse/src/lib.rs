@@ -39,6 +39,7 @@ mod tensor;
 pub use compiled::{Compiled, CompiledRunner, IntoInput};
 pub use composite::stack;
 pub use einsum::einsum;
+pub use kfuse_autodiff as autodiff;
 pub use kfuse_cpu::Numerics;
 pub use kfuse_fusion::{CostModel, FixedCostModel, FusePolicy};
 pub use kfuse_interp::{CustomOps, InterpError, RunStats};
@@ -48,7 +49,6 @@ pub use kfuse_ir::{
     Layout, NodeId, Op, PadMode, Pool2dAttrs, PoolKind, ReduceOp, RngDist, Shape, Storage,
     TensorType, UnaryOp, Value,
 };
-pub use kfuse_autodiff as autodiff;
 pub use kfuse_npy as npy;
 pub use kfuse_runtime::{Backend, CacheAligned, Executable, Options, Tier};
 pub use nn::ConvTranspose2dAttrs;

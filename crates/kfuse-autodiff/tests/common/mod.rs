@@ -53,7 +53,9 @@ pub fn weighted_loss(graph: &mut Graph, y: Value) -> Value {
             vec![],
         )
         .unwrap();
-    let product = graph.add(Op::Binary(BinaryOp::Mul), vec![y, weights]).unwrap();
+    let product = graph
+        .add(Op::Binary(BinaryOp::Mul), vec![y, weights])
+        .unwrap();
     graph
         .add(
             Op::Reduce {
@@ -103,7 +105,11 @@ pub fn check_graph(graph: &Graph, loss: Value, wrt: &[&str], inputs: &[(String, 
         let analytic = output(&results, &format!("grad_{name}"));
         let index = inputs.iter().position(|(n, _)| n == name).unwrap();
         let base = inputs[index].1.clone();
-        assert_eq!(analytic.shape(), base.shape(), "gradient of {name} has the wrong shape");
+        assert_eq!(
+            analytic.shape(),
+            base.shape(),
+            "gradient of {name} has the wrong shape"
+        );
         for i in 0..base.n_elems() {
             let shifted = |delta: f64| {
                 let mut values: Vec<f64> = (0..base.n_elems()).map(|j| base.get_f64(j)).collect();
@@ -130,7 +136,12 @@ pub fn check_graph(graph: &Graph, loss: Value, wrt: &[&str], inputs: &[(String, 
 /// to `wrt`.
 pub fn check(src: &str, wrt: &[&str], domain: Domain, seed: u64) {
     let mut graph = parse_graph(src).unwrap_or_else(|e| panic!("{e:?}\n{src}"));
-    let y = graph.outputs().iter().find(|o| o.name == "y").unwrap().value;
+    let y = graph
+        .outputs()
+        .iter()
+        .find(|o| o.name == "y")
+        .unwrap()
+        .value;
     let loss = weighted_loss(&mut graph, y);
     let mut rng = Rng::new(seed);
     let inputs: Vec<(String, Array)> = graph
