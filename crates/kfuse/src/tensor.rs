@@ -385,6 +385,47 @@ impl Context {
         Ok(self.inner.borrow().graph.extract(&named)?)
     }
 
+    /// The gradients of the scalar float `loss` with respect to each of `wrt`, as tensors of this
+    /// context (reverse mode; see [`kfuse_autodiff::grad`]). The backward nodes join this
+    /// context's graph, so the gradients run, compile and take part in further math like any
+    /// tensor.
+    #[track_caller]
+    pub fn grad(&self, loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>, Error> {
+        let location = Location::caller();
+        let mut values = Vec::with_capacity(wrt.len());
+        for t in std::iter::once(loss).chain(wrt.iter().copied()) {
+            if !Rc::ptr_eq(&t.cx.inner, &self.inner) {
+                return Err(Error::Build {
+                    location: here(location),
+                    message: "grad: a tensor belongs to another Context".into(),
+                });
+            }
+            values.push(t.value()?);
+        }
+        let mut builder = self.inner.borrow_mut();
+        let joint = kfuse_autodiff::grad(&builder.graph, values[0], &values[1..]).map_err(|e| {
+            Error::Build {
+                location: here(location),
+                message: format!("grad: {e}"),
+            }
+        })?;
+        // The joint graph extends this context's arena, so its new nodes keep their ids here.
+        let first_new = builder.graph.nodes().len();
+        for node in &joint.nodes()[first_new..] {
+            builder
+                .graph
+                .add_node(node.op.clone(), node.operands.clone())?;
+        }
+        let gradients = &joint.outputs()[joint.outputs().len() - wrt.len()..];
+        Ok(gradients
+            .iter()
+            .map(|o| Tensor {
+                cx: self.clone(),
+                value: Ok(o.value),
+            })
+            .collect())
+    }
+
     /// How runs of `graph` (extracted from this context) check their inputs.
     fn input_check(&self, graph: &Graph) -> InputCheck {
         let types = |g: &Graph| -> Vec<(String, TensorType)> {
