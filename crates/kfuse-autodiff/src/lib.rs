@@ -101,7 +101,8 @@ pub fn grad(graph: &Graph, loss: Value, wrt: &[Value]) -> Result<Graph, Autodiff
         let wanted: Vec<bool> = node
             .operands
             .iter()
-            .map(|v| on_path[v.node.index()])
+            .enumerate()
+            .map(|(i, v)| carries_gradient(&node.op, i) && on_path[v.node.index()])
             .collect();
         if !wanted.iter().any(|&w| w) {
             continue;
@@ -171,10 +172,15 @@ fn not_differentiable(graph: &Graph, value: Value, why: String) -> AutodiffError
     }
 }
 
-/// Operand positions through which a gradient flows. The condition of `select` only chooses, so
-/// a comparison feeding it is not on the path even when its operands are.
+/// Operand positions through which a gradient flows. The condition of `select` and the index of
+/// `gather` and `scatter_add` only choose, so a comparison or an argmax feeding them is not on
+/// the path even when its operands are.
 fn carries_gradient(op: &Op, operand: usize) -> bool {
-    !matches!(op, Op::Select if operand == 0)
+    match op {
+        Op::Select => operand != 0,
+        Op::Gather { .. } | Op::ScatterAdd { .. } => operand != 1,
+        _ => true,
+    }
 }
 
 /// Marks the nodes that lie on a path from a requested value to the loss, and checks that every

@@ -171,6 +171,23 @@ pub fn vjp(
                 grads[1] = Some(b.unbroadcast(d, &graph.ty(rhs).shape)?);
             }
         }
+        // out[i][j] = x[index[i][j]][j]: each g element adds into the x element it was read from,
+        // dx = scatter_add(zeros like x, index, g).
+        Op::Gather { axis } => {
+            let x_ty = graph.ty(node.operands[0]).clone();
+            let zeros = b.full(&x_ty, 0.0)?;
+            grads[0] = Some(b.add(
+                Op::ScatterAdd { axis: *axis },
+                vec![zeros, node.operands[1], g],
+            )?);
+        }
+        // out = x; out[index[i][j]][j] += src[i][j]: dx = g, dsrc = gather(g, index).
+        Op::ScatterAdd { axis } => {
+            grads[0] = Some(g);
+            if wanted[2] {
+                grads[2] = Some(b.add(Op::Gather { axis: *axis }, vec![g, node.operands[1]])?);
+            }
+        }
         other => return Err(unsupported(other.name().to_string())),
     }
     for (i, w) in wanted.iter().enumerate() {

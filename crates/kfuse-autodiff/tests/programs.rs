@@ -319,3 +319,21 @@ fn random_differentiable_programs_match_finite_differences() {
         check_graph(&graph, loss, &wrt, &inputs);
     }
 }
+
+#[test]
+fn an_argmax_feeding_a_gather_index_is_not_on_the_path() {
+    let src = "%x = input() name=\"x\" : f64[4, 3]\n%i = argmax(%x) axes=[0] keepdims=true\n\
+               %g = gather(%x, %i) axis=0\n%loss = reduce_sum(%g) axes=[0, 1]\n\
+               output \"loss\" = %loss\n";
+    let graph = parse_graph(src).unwrap();
+    let joint = grad(&graph, loss_of(&graph), &[input(&graph, "x")]).unwrap();
+    let x = Array::from_vec(vec![4, 3], (0..12).map(|i| ((i * 5) % 7) as f64).collect()).unwrap();
+    let out = run(&joint, &[("x".to_string(), x)], &CustomOps::new()).unwrap();
+    let got = &out.iter().find(|(n, _)| n == "grad_x").unwrap().1;
+    // Column maxima of [[0,5,3],[1,6,4],[2,0,5],[3,1,6]] sit in rows 3, 1 and 3.
+    let mut want = vec![0.0f64; 12];
+    want[9] = 1.0;
+    want[4] = 1.0;
+    want[11] = 1.0;
+    assert_eq!(*got, Array::from_vec(vec![4, 3], want).unwrap());
+}

@@ -155,3 +155,47 @@ fn values_with_several_consumers_sum_their_cotangents() {
                %e = exp(%x)\n%y = add(%p, %e)\noutput \"y\" = %y\n";
     check(src, &["x"], Domain::Signed, 9);
 }
+
+/// Checks a program whose integer `index` input is drawn from `0..bound`.
+fn check_indexed(src: &str, wrt: &[&str], bound: usize, seed: u64) {
+    let mut graph = kfuse_ir::text::parse_graph(src).unwrap();
+    let y = graph
+        .outputs()
+        .iter()
+        .find(|o| o.name == "y")
+        .unwrap()
+        .value;
+    let loss = common::weighted_loss(&mut graph, y);
+    let mut rng = kfuse_testkit::Rng::new(seed);
+    let inputs: Vec<(String, kfuse_ir::Array)> = graph
+        .inputs()
+        .map(|(_, name, ty)| {
+            let array = if ty.dtype == kfuse_ir::DType::I64 {
+                let values: Vec<i64> = (0..ty.shape.n_elems())
+                    .map(|_| rng.below(bound) as i64)
+                    .collect();
+                kfuse_ir::Array::from_vec(ty.shape.dims().to_vec(), values).unwrap()
+            } else {
+                common::random_input(&mut rng, ty, Domain::Signed)
+            };
+            (name.to_string(), array)
+        })
+        .collect();
+    assert!(common::check_graph(&graph, loss, wrt, &inputs) > 0);
+}
+
+#[test]
+fn gather_and_scatter_add_match_finite_differences() {
+    let gather = "%x = input() name=\"x\" : f64[4, 3]\n%i = input() name=\"i\" : i64[5, 3]\n\
+                  %y = gather(%x, %i) axis=0\noutput \"y\" = %y\n";
+    let gather_axis1 = "%x = input() name=\"x\" : f64[2, 4]\n%i = input() name=\"i\" : i64[2, 6]\n\
+                        %y = gather(%x, %i) axis=1\noutput \"y\" = %y\n";
+    let scatter = "%x = input() name=\"x\" : f64[4, 3]\n%i = input() name=\"i\" : i64[5, 3]\n\
+                   %s = input() name=\"s\" : f64[5, 3]\n%y = scatter_add(%x, %i, %s) axis=0\n\
+                   output \"y\" = %y\n";
+    for seed in 0..3 {
+        check_indexed(gather, &["x"], 4, seed);
+        check_indexed(gather_axis1, &["x"], 4, seed);
+        check_indexed(scatter, &["x", "s"], 4, seed);
+    }
+}

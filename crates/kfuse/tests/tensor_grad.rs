@@ -29,15 +29,18 @@ fn grad_of_a_small_regression_loss() {
             *v = bs[c] + (0..3).map(|k| xs[r * 3 + k] * ws[k * 2 + c]).sum::<f64>();
         }
     }
-    for k in 0..3 {
-        for c in 0..2 {
-            let want: f64 = (0..4).map(|r| 2.0 * xs[r * 3 + k] * residual[r][c]).sum();
-            assert!((out[0].get_f64(k * 2 + c) - want).abs() < 1e-12);
-        }
+    for (kc, exact) in (0..6).map(|i| out[0].get_f64(i)).enumerate() {
+        let (k, c) = (kc / 2, kc % 2);
+        let want: f64 = residual
+            .iter()
+            .enumerate()
+            .map(|(r, row)| 2.0 * xs[r * 3 + k] * row[c])
+            .sum();
+        assert!((exact - want).abs() < 1e-12);
     }
-    for c in 0..2 {
-        let want: f64 = (0..4).map(|r| 2.0 * residual[r][c]).sum();
-        assert!((out[1].get_f64(c) - want).abs() < 1e-12);
+    for (c, exact) in (0..2).map(|i| out[1].get_f64(i)).enumerate() {
+        let want: f64 = residual.iter().map(|row| 2.0 * row[c]).sum();
+        assert!((exact - want).abs() < 1e-12);
     }
 }
 
