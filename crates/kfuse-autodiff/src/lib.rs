@@ -212,8 +212,8 @@ fn path_to_loss(graph: &Graph, loss: Value, wrt: &[Value]) -> Result<Vec<bool>, 
     }
     let on_path: Vec<bool> = (0..n).map(|i| from_wrt[i] && to_loss[i]).collect();
     // Each value that carries a gradient from one path node into another must be a float. Only
-    // the values actually used count, so the float values of `sort` reach its rule (and its
-    // `Unsupported` error) even though its indices are integers.
+    // the values actually used count, so the sorted values of `sort` and `topk` reach their rule
+    // even though their indices are integers.
     for id in graph.node_ids().filter(|id| on_path[id.index()]) {
         let node = graph.node(id);
         for (i, v) in node.operands.iter().enumerate() {

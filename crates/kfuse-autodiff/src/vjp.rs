@@ -27,6 +27,21 @@ pub fn vjp(
 ) -> Result<Vec<Option<Value>>, AutodiffError> {
     let node = graph.node(id);
     let unsupported = |op: String| AutodiffError::Unsupported { node: id.0, op };
+    // sort and topk: the values are x gathered at the indices (result 1), so their cotangent
+    // goes back with scatter_add into zeros; the indices carry none.
+    if let Op::Sort { axis, .. } | Op::TopK { axis, .. } = &node.op {
+        let Some(g) = out_cts[0] else {
+            return Ok(vec![None]);
+        };
+        let x_ty = graph.ty(node.operands[0]).clone();
+        let zeros = b.full(&x_ty, 0.0)?;
+        let indices = Value {
+            node: id,
+            result: 1,
+        };
+        let d = b.add(Op::ScatterAdd { axis: *axis }, vec![zeros, indices, g])?;
+        return Ok(vec![Some(d)]);
+    }
     if out_cts.len() != 1 {
         return Err(unsupported(node.op.name().to_string()));
     }
@@ -442,7 +457,19 @@ fn binary(
                 wr.then(|| b.zero_where(first, g)).transpose()?,
             )
         }
-        BinaryOp::Rem | BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => return Ok(None),
+        // rem(a, b) = a - floor(a / b) b, so d rem = da - floor(a / b) db away from the jumps.
+        BinaryOp::Rem => {
+            let dr = if wr {
+                let q = b.div(lhs, rhs)?;
+                let fq = b.unary(UnaryOp::Floor, q)?;
+                let gq = b.mul(g, fq)?;
+                Some(b.unary(UnaryOp::Neg, gq)?)
+            } else {
+                None
+            };
+            (Some(g), dr)
+        }
+        BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => return Ok(None),
     };
     Ok(Some(pair))
 }

@@ -43,7 +43,7 @@ fn binary_ops_with_broadcasting_match_finite_differences() {
         .enumerate()
     {
         for (j, (a, b)) in BROADCAST_PAIRS.iter().enumerate() {
-            let domain = if *op == "pow" || *op == "div" {
+            let domain = if matches!(*op, "pow" | "div" | "rem") {
                 Domain::Positive
             } else {
                 Domain::Signed
@@ -197,5 +197,19 @@ fn gather_and_scatter_add_match_finite_differences() {
         check_indexed(gather, &["x"], 4, seed);
         check_indexed(gather_axis1, &["x"], 4, seed);
         check_indexed(scatter, &["x", "s"], 4, seed);
+    }
+}
+
+#[test]
+fn sort_and_topk_values_match_finite_differences() {
+    let programs = [
+        "%x = input() name=\"x\" : f64[3, 5]\n%y, %i = sort(%x) axis=1 descending=false\n",
+        "%x = input() name=\"x\" : f64[4, 3]\n%y, %i = sort(%x) axis=0 descending=true\n",
+        "%x = input() name=\"x\" : f64[3, 5]\n%y, %i = topk(%x) axis=1 k=2 largest=true\n",
+        "%x = input() name=\"x\" : f64[6, 2]\n%y, %i = topk(%x) axis=0 k=3 largest=false\n",
+    ];
+    for (i, program) in programs.iter().enumerate() {
+        let src = format!("{program}output \"y\" = %y\n");
+        check(&src, &["x"], Domain::Signed, i as u64);
     }
 }
