@@ -129,21 +129,17 @@ pub fn vjp(
         Op::Slice { start, stop, step } => {
             grads[0] = Some(slice(b, &graph.ty(x.unwrap()).shape, start, stop, step, g)?);
         }
-        // pad (constant): g sliced back to the interior; the fill value is a constant.
-        Op::Pad { low, mode, .. } => {
-            if *mode != PadMode::Constant {
-                return Err(unsupported(format!("pad (mode {})", mode.name())));
-            }
+        // pad: g sliced back to the interior; in edge and reflect mode the border cells also
+        // add into the cells they copied (see `pad_border`). A constant fill has no gradient.
+        Op::Pad {
+            low, high, mode, ..
+        } => {
             let dims = graph.ty(x.unwrap()).shape.dims().to_vec();
-            let stop: Vec<usize> = low.iter().zip(&dims).map(|(l, d)| l + d).collect();
-            grads[0] = Some(b.add(
-                Op::Slice {
-                    start: low.clone(),
-                    stop,
-                    step: vec![1; dims.len()],
-                },
-                vec![g],
-            )?);
+            let mut cur = g;
+            for axis in 0..dims.len() {
+                cur = pad_border(b, cur, axis, low[axis], high[axis], dims[axis], *mode)?;
+            }
+            grads[0] = Some(cur);
         }
         // concat: each operand receives its own range of g along the axis.
         Op::Concat { axis } => {
@@ -591,4 +587,106 @@ fn slice(
         },
         vec![cur],
     )?)
+}
+
+/// `g[start..stop]` along `axis`, everything along the other axes.
+fn slice_axis(
+    b: &mut Builder,
+    g: Value,
+    axis: usize,
+    start: usize,
+    stop: usize,
+) -> Result<Value, AutodiffError> {
+    let dims = b.ty(g).shape.dims().to_vec();
+    let mut starts = vec![0; dims.len()];
+    let mut stops = dims.clone();
+    starts[axis] = start;
+    stops[axis] = stop;
+    Ok(b.add(
+        Op::Slice {
+            start: starts,
+            stop: stops,
+            step: vec![1; dims.len()],
+        },
+        vec![g],
+    )?)
+}
+
+/// `x` grown by `low` zeros before and `high` zeros after along `axis`.
+fn zero_pad_axis(
+    b: &mut Builder,
+    x: Value,
+    axis: usize,
+    low: usize,
+    high: usize,
+) -> Result<Value, AutodiffError> {
+    let rank = b.ty(x).shape.rank();
+    let (mut lows, mut highs) = (vec![0; rank], vec![0; rank]);
+    lows[axis] = low;
+    highs[axis] = high;
+    Ok(b.add(
+        Op::Pad {
+            low: lows,
+            high: highs,
+            mode: PadMode::Constant,
+            value: kfuse_ir::Ieee64::new(0.0),
+        },
+        vec![x],
+    )?)
+}
+
+/// The cotangent of one axis of `pad`, from `g` whose `axis` is `low + dim + high` long to one
+/// `dim` long:
+///
+/// ```text
+/// constant: g[low .. low + dim]
+/// edge:     that, plus sum(g[.. low]) into cell 0 and sum(g[low + dim ..]) into cell dim - 1
+/// reflect:  that, plus flip(g[.. low]) into cells 1 ..= low and flip(g[low + dim ..]) into
+///           cells dim - 1 - high .. dim - 1
+/// ```
+fn pad_border(
+    b: &mut Builder,
+    g: Value,
+    axis: usize,
+    low: usize,
+    high: usize,
+    dim: usize,
+    mode: PadMode,
+) -> Result<Value, AutodiffError> {
+    if low == 0 && high == 0 {
+        return Ok(g);
+    }
+    let mut total = slice_axis(b, g, axis, low, low + dim)?;
+    if mode == PadMode::Constant {
+        return Ok(total);
+    }
+    let borders = [(0, low, true), (low + dim, low + dim + high, false)];
+    for (start, stop, before) in borders {
+        if start == stop {
+            continue;
+        }
+        let part = slice_axis(b, g, axis, start, stop)?;
+        let (gathered, pad_low, pad_high) = match mode {
+            PadMode::Edge => {
+                let summed = b.reduce_sum(part, vec![axis], true)?;
+                if before {
+                    (summed, 0, dim - 1)
+                } else {
+                    (summed, dim - 1, 0)
+                }
+            }
+            _ => {
+                let flipped = b.add(Op::Flip { axes: vec![axis] }, vec![part])?;
+                let n = stop - start;
+                if before {
+                    (flipped, 1, dim - 1 - n)
+                } else {
+                    (flipped, dim - 1 - n, 1)
+                }
+            }
+        };
+        let spread = zero_pad_axis(b, gathered, axis, pad_low, pad_high)?;
+        total = b.binary(BinaryOp::Add, total, spread)?;
+    }
+    Ok(total)
 }

@@ -114,6 +114,10 @@ fn movement_ops_match_finite_differences() {
         "%x = input() name=\"x\" : f64[9]\n%y = slice(%x) start=[0] stop=[9] step=[4]\n",
         "%x = input() name=\"x\" : f64[2, 3]\n%y = pad(%x) low=[1, 0] high=[2, 3] mode=constant value=0.5\n",
         "%x = input() name=\"x\" : f64[2, 3, 4]\n%y = flip(%x) axes=[0, 2]\n",
+        "%x = input() name=\"x\" : f64[3, 4]\n%y = pad(%x) low=[2, 0] high=[1, 3] mode=edge value=0\n",
+        "%x = input() name=\"x\" : f64[1, 2]\n%y = pad(%x) low=[2, 1] high=[3, 0] mode=edge value=0\n",
+        "%x = input() name=\"x\" : f64[4, 5]\n%y = pad(%x) low=[3, 1] high=[2, 4] mode=reflect value=0\n",
+        "%x = input() name=\"x\" : f64[3, 2]\n%y = pad(%x) low=[0, 1] high=[2, 0] mode=reflect value=0\n",
     ];
     for (i, program) in programs.iter().enumerate() {
         let src = format!("{program}output \"y\" = %y\n");
