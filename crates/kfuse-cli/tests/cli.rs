@@ -371,6 +371,93 @@ fn bad_input_of_every_kind_is_a_clear_error() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A tensor too large for the machine is an error naming its node, its type and its size, in
+/// both engines: the size is checked before anything is allocated, never an aborted process.
+#[test]
+fn sizes_too_large_to_allocate_are_clear_errors_in_both_engines() {
+    let dir = scratch("too-large");
+    let out = dir.join("out");
+    let cases = [
+        (
+            "iota",
+            "%x = iota() axis=0 : f32[1000000000000]\noutput \"x\" = %x\n",
+            "node %0 (iota): f32[1000000000000] needs 4000000000000 bytes, more than the",
+        ),
+        (
+            "pad",
+            "%x = iota() axis=0 : f32[4]\n\
+             %p = pad(%x) low=[0] high=[1000000000000] mode=constant value=0.0\n\
+             output \"p\" = %p\n",
+            "node %1 (pad): f32[1000000000004] needs 4000000000016 bytes, more than the",
+        ),
+        (
+            "matmul",
+            "%a = iota() axis=1 : f32[2, 100000000000]\n%b = iota() axis=0 : f32[100000000000, 2]\n\
+             %c = matmul(%a, %b)\noutput \"c\" = %c\n",
+            "node %0 (iota): f32[2, 100000000000] needs 800000000000 bytes, more than the",
+        ),
+        (
+            "overflow",
+            "%a = iota() axis=0 : f32[0, 4611686018427387904]\n%b = reduce_sum(%a) axes=[0]\n\
+             output \"b\" = %b\n",
+            "`%b` (reduce_sum): expected a result whose size fits in memory, found \
+             f32[4611686018427387904]",
+        ),
+    ];
+    for (name, text, needle) in cases {
+        let program = dir.join(format!("{name}.kf"));
+        std::fs::write(&program, text).unwrap();
+        let p = program.to_str().unwrap();
+        for engine in ["compiled", "reference"] {
+            let args = [
+                "run",
+                p,
+                "--engine",
+                engine,
+                "--output-dir",
+                out.to_str().unwrap(),
+            ];
+            fails_with(&args, needle);
+            assert!(
+                !stderr(&kfuse(&args)).contains("memory allocation of"),
+                "{name}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An empty tensor may have other dims whose product overflows; both engines reduce it.
+#[test]
+fn an_empty_tensor_with_huge_dims_reduces_in_both_engines() {
+    let dir = scratch("empty-huge");
+    let program = dir.join("empty.kf");
+    std::fs::write(
+        &program,
+        "%a = iota() axis=0 : f32[0, 4611686018427387904]\n%b = reduce_sum(%a) axes=[1]\n\
+         %c = iota() axis=0 : f32[2, 0, 4611686018427387904]\n%d = reduce_sum(%c) axes=[1, 2]\n\
+         output \"b\" = %b\noutput \"d\" = %d\n",
+    )
+    .unwrap();
+    for engine in ["compiled", "reference"] {
+        let out = dir.join(engine);
+        let o = kfuse(&[
+            "run",
+            program.to_str().unwrap(),
+            "--engine",
+            engine,
+            "--output-dir",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{engine}: {}", stderr(&o));
+        let b = kfuse_npy::load_npy(&out.join("b.npy")).unwrap();
+        assert_eq!(b.shape().dims(), &[0]);
+        let d = kfuse_npy::load_npy(&out.join("d.npy")).unwrap();
+        assert_eq!(d.as_slice::<f32>(), Some(&[0.0f32, 0.0][..]), "{engine}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A misspelt workload name is an error naming it and every valid one, not an empty success.
 #[test]
 fn bench_refuses_unknown_workloads() {

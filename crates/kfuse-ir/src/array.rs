@@ -2,7 +2,7 @@
 
 use half::{bf16, f16};
 
-use crate::{DType, Shape, TensorType};
+use crate::{AllocError, DType, MemoryLimit, Shape, TensorType};
 
 /// Typed, row-major element storage.
 #[derive(Clone, Debug)]
@@ -59,6 +59,30 @@ impl Storage {
     /// `n` copies of `x`.
     pub fn from_splat<T: Element>(x: T, n: usize) -> Storage {
         T::wrap(vec![x; n])
+    }
+
+    /// Every element of `ty` a copy of `value`'s first element, allocated fallibly under
+    /// `limit`.
+    fn try_filled(
+        value: &Storage,
+        ty: &TensorType,
+        limit: MemoryLimit,
+    ) -> Result<Storage, AllocError> {
+        fn filled<T: Element>(
+            x: T,
+            ty: &TensorType,
+            limit: MemoryLimit,
+        ) -> Result<Storage, AllocError> {
+            let mut v = limit.reserve::<T>(ty)?;
+            v.resize(ty.shape.n_elems(), x);
+            Ok(T::wrap(v))
+        }
+        with_storage!(value, v => filled(v[0], ty, limit))
+    }
+
+    /// The zero elements of `ty` (`false` for bool), allocated fallibly under `limit`.
+    pub fn try_zeros(ty: &TensorType, limit: MemoryLimit) -> Result<Storage, AllocError> {
+        Storage::try_filled(&Storage::zeros(ty.dtype, 1), ty, limit)
     }
 
     /// `n` zero elements (`false` for bool).
@@ -163,6 +187,14 @@ impl Array {
         }
     }
 
+    /// An array of zeros, allocated fallibly under `limit`.
+    pub fn try_zeros(ty: &TensorType, limit: MemoryLimit) -> Result<Array, AllocError> {
+        Ok(Array {
+            shape: ty.shape.clone(),
+            data: Storage::try_zeros(ty, limit)?,
+        })
+    }
+
     pub fn dtype(&self) -> DType {
         self.data.dtype()
     }
@@ -239,5 +271,23 @@ impl PartialEq for Array {
         self.shape == other.shape
             && self.dtype() == other.dtype()
             && (0..self.n_elems()).all(|i| self.get_bits(i) == other.get_bits(i))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeros_are_allocated_fallibly() {
+        let ty = TensorType::new(DType::I64, [3]);
+        let zeros = Array::try_zeros(&ty, MemoryLimit::available(24)).unwrap();
+        assert_eq!(zeros.as_slice::<i64>(), Some(&[0i64, 0, 0][..]));
+        assert!(Array::try_zeros(&ty, MemoryLimit::available(23)).is_err());
+        let huge = TensorType::new(DType::F32, [1usize << 40]);
+        assert!(matches!(
+            Storage::try_zeros(&huge, MemoryLimit::available(1 << 30)),
+            Err(AllocError::OverLimit { .. })
+        ));
     }
 }

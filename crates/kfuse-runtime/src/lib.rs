@@ -14,12 +14,14 @@ pub use calibrate::{calibrate, calibrated_cost_model};
 use kfuse_cpu::{CacheOutcome, CompiledKernel, Compiler, Numerics};
 use kfuse_fusion::{partition, CostModel, FusePolicy, Partition};
 use kfuse_interp::{CustomOps, InterpError};
+pub use meminfo::available_memory;
 pub use runner::{plan_memory, MemoryPlan, Runner};
 
 mod align;
 mod calibrate;
+mod meminfo;
 mod runner;
-use kfuse_ir::{Array, Graph};
+use kfuse_ir::{AllocError, Array, Graph};
 use kfuse_kernel::{lower, LowerError, Program, Step};
 
 /// Why compiling or running failed.
@@ -40,6 +42,13 @@ pub enum RunError {
         step: usize,
         what: String,
         message: String,
+    },
+    /// The buffer holding a node's result is larger than the memory left for it.
+    #[error("node %{node} ({op}): {error}")]
+    OutOfMemory {
+        node: u32,
+        op: &'static str,
+        error: AllocError,
     },
 }
 

@@ -64,3 +64,34 @@ fn outputs_that_are_inputs_or_constants_are_returned_as_such() {
     assert_eq!(out[1].1, Array::scalar(7.0f32));
     assert_eq!(stats.kernels, 0);
 }
+
+#[test]
+fn a_buffer_larger_than_the_machine_is_an_error_naming_its_node() {
+    // Four terabytes: beyond what any machine this runs on has available, so the slot is
+    // refused before anything is allocated.
+    let g = parse_graph(
+        "%x = input() name=\"x\" : f32[4]\n%i = iota() axis=0 : f32[1000000000000]\n\
+         %p = pad(%x) low=[0] high=[999999999996] mode=constant value=0.0\n%s = add(%i, %p)\n\
+         output \"s\" = %s\n",
+    )
+    .unwrap();
+    let exe = compile(&g, FusePolicy::None, &FixedCostModel::default()).unwrap();
+    let x = Array::from_vec(vec![4], vec![1.0f32; 4]).unwrap();
+    let err = exe.run(&[("x".into(), x)], &CustomOps::new()).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        matches!(
+            err,
+            kfuse_runtime::RunError::OutOfMemory {
+                node: 1,
+                op: "iota",
+                ..
+            }
+        ),
+        "{message}"
+    );
+    assert!(
+        message.starts_with("node %1 (iota): f32[1000000000000] needs 4000000000000 bytes, more"),
+        "{message}"
+    );
+}
