@@ -199,6 +199,19 @@ pub fn run_with_limit(
             .collect();
         let results = match &node.op {
             Op::Input { name, .. } => vec![(*given[name.as_str()]).clone()],
+            // A splat constant holds one value until here; its elements are stored now,
+            // allocated fallibly, so every op reads a dense array.
+            Op::Constant { value } => {
+                let mut value = value.clone();
+                value
+                    .materialize(limit.after(live_bytes))
+                    .map_err(|error| InterpError::OutOfMemory {
+                        node: id.0,
+                        op: node.op.name(),
+                        error,
+                    })?;
+                vec![value]
+            }
             op => eval_op(op, &node.types, &operands, custom).map_err(fail)?,
         };
         debug_assert_eq!(

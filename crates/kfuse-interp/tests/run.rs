@@ -151,6 +151,49 @@ fn results_beyond_the_memory_left_are_refused_naming_the_node() {
 }
 
 #[test]
+fn a_splat_constant_is_stored_when_reached_and_refused_when_too_large() {
+    let mut g = Graph::new();
+    let splat = Array::splat(kfuse_ir::Shape::new(vec![1 << 40]), 0.25f32).unwrap();
+    let c = g
+        .add(kfuse_ir::Op::Constant { value: splat }, vec![])
+        .unwrap();
+    let s = g
+        .add(
+            kfuse_ir::Op::Reduce {
+                op: kfuse_ir::ReduceOp::Sum,
+                axes: vec![0],
+                keepdims: false,
+            },
+            vec![c],
+        )
+        .unwrap();
+    g.add_output("s", s).unwrap();
+    let custom = CustomOps::new();
+    let err = run_with_limit(&g, &[], &custom, MemoryLimit::available(1 << 30)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            InterpError::OutOfMemory {
+                node: 0,
+                op: "constant",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let small = parse_graph(
+        "%c = constant() value=0.25 : f32[64]\n%s = reduce_sum(%c) axes=[0]\n\
+         output \"c\" = %c\noutput \"s\" = %s\n",
+    )
+    .unwrap();
+    let out = run_with_limit(&small, &[], &custom, MemoryLimit::available(1 << 20))
+        .unwrap()
+        .0;
+    assert_eq!(f32s(&out[0].1), vec![0.25; 64]);
+    assert_eq!(f32s(&out[1].1), vec![16.0]);
+}
+
+#[test]
 fn iota_of_every_dtype_is_a_cast_of_its_indices_across_blocks() {
     // More elements than one conversion block, so the blocks' seams are crossed.
     let n = (1 << 16) + 5;

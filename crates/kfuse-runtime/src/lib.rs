@@ -22,7 +22,7 @@ mod calibrate;
 mod meminfo;
 mod runner;
 use kfuse_ir::{AllocError, Array, Graph};
-use kfuse_kernel::{lower, LowerError, Program, Step};
+use kfuse_kernel::{lower, BufferKind, LowerError, Program, Step};
 
 /// Why compiling or running failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -173,7 +173,24 @@ pub fn compile_with(
         .collect();
     let graph = &optimized;
     let partition = partition(graph, options.policy, cost);
-    let program = lower(graph, &partition)?;
+    let mut program = lower(graph, &partition)?;
+    // A splat constant reaches the program as one value; kernels and routines read every
+    // element, so they are stored here, each checked against the memory the machine has.
+    let limit = available_memory();
+    let mut stored = 0usize;
+    for buffer in &mut program.buffers {
+        if let BufferKind::Constant(value) = &mut buffer.kind {
+            let bytes =
+                value
+                    .materialize(limit.after(stored))
+                    .map_err(|error| RunError::OutOfMemory {
+                        node: buffer.node,
+                        op: buffer.op,
+                        error,
+                    })?;
+            stored = stored.saturating_add(bytes);
+        }
+    }
     let compiler = match options.backend {
         Backend::Tile => Err("the tile interpreter was requested".to_string()),
         Backend::Auto => Compiler::detect(options.cache_dir.clone()),
