@@ -371,6 +371,177 @@ fn bad_input_of_every_kind_is_a_clear_error() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A tensor too large for the machine is an error naming its node, its type and its size, in
+/// both engines: the size is checked before anything is allocated, never an aborted process.
+#[test]
+fn sizes_too_large_to_allocate_are_clear_errors_in_both_engines() {
+    let dir = scratch("too-large");
+    let out = dir.join("out");
+    let cases = [
+        (
+            "iota",
+            "%x = iota() axis=0 : f32[1000000000000]\noutput \"x\" = %x\n",
+            "node %0 (iota): f32[1000000000000] needs 4000000000000 bytes, more than the",
+        ),
+        (
+            "pad",
+            "%x = iota() axis=0 : f32[4]\n\
+             %p = pad(%x) low=[0] high=[1000000000000] mode=constant value=0.0\n\
+             output \"p\" = %p\n",
+            "node %1 (pad): f32[1000000000004] needs 4000000000016 bytes, more than the",
+        ),
+        (
+            "matmul",
+            "%a = iota() axis=1 : f32[2, 100000000000]\n%b = iota() axis=0 : f32[100000000000, 2]\n\
+             %c = matmul(%a, %b)\noutput \"c\" = %c\n",
+            "node %0 (iota): f32[2, 100000000000] needs 800000000000 bytes, more than the",
+        ),
+        (
+            "overflow",
+            "%a = iota() axis=0 : f32[0, 4611686018427387904]\n%b = reduce_sum(%a) axes=[0]\n\
+             output \"b\" = %b\n",
+            "`%b` (reduce_sum): expected a result whose size fits in memory, found \
+             f32[4611686018427387904]",
+        ),
+    ];
+    for (name, text, needle) in cases {
+        let program = dir.join(format!("{name}.kf"));
+        std::fs::write(&program, text).unwrap();
+        let p = program.to_str().unwrap();
+        for engine in ["compiled", "reference"] {
+            let args = [
+                "run",
+                p,
+                "--engine",
+                engine,
+                "--output-dir",
+                out.to_str().unwrap(),
+            ];
+            fails_with(&args, needle);
+            assert!(
+                !stderr(&kfuse(&args)).contains("memory allocation of"),
+                "{name}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An empty tensor may have other dims whose product overflows; both engines reduce it.
+#[test]
+fn an_empty_tensor_with_huge_dims_reduces_in_both_engines() {
+    let dir = scratch("empty-huge");
+    let program = dir.join("empty.kf");
+    std::fs::write(
+        &program,
+        "%a = iota() axis=0 : f32[0, 4611686018427387904]\n%b = reduce_sum(%a) axes=[1]\n\
+         %c = iota() axis=0 : f32[2, 0, 4611686018427387904]\n%d = reduce_sum(%c) axes=[1, 2]\n\
+         output \"b\" = %b\noutput \"d\" = %d\n",
+    )
+    .unwrap();
+    for engine in ["compiled", "reference"] {
+        let out = dir.join(engine);
+        let o = kfuse(&[
+            "run",
+            program.to_str().unwrap(),
+            "--engine",
+            engine,
+            "--output-dir",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{engine}: {}", stderr(&o));
+        let b = kfuse_npy::load_npy(&out.join("b.npy")).unwrap();
+        assert_eq!(b.shape().dims(), &[0]);
+        let d = kfuse_npy::load_npy(&out.join("d.npy")).unwrap();
+        assert_eq!(d.as_slice::<f32>(), Some(&[0.0f32, 0.0][..]), "{engine}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Runs kfuse to its end and returns its exit code, its peak resident memory in bytes and its
+/// wall time. The memory comes from `wait4` for this child alone: `RUSAGE_CHILDREN` would take
+/// the largest of every child the test binary has waited for, other tests' included.
+fn kfuse_peak_memory(args: &[&str]) -> (Option<i32>, usize, std::time::Duration) {
+    let start = std::time::Instant::now();
+    let child = Command::new(env!("CARGO_BIN_EXE_kfuse"))
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("kfuse runs");
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: `rusage` is plain integers, for which all-zero bits are a valid value; `wait4`
+    // writes only to the two locals it is given, and reaps a child this test spawned and that
+    // nothing else waits for.
+    let (reaped, usage) = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        (libc::wait4(pid, &mut status, 0, &mut usage), usage)
+    };
+    assert_eq!(reaped, pid, "{}", std::io::Error::last_os_error());
+    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    // Linux reports the peak in KiB.
+    (code, usage.ru_maxrss as usize * 1024, start.elapsed())
+}
+
+/// A splat constant stays one value through parsing, verifying and printing: `kfuse check` on a
+/// hundred lines each declaring a 1 GiB splat takes little time and memory. The same text on a
+/// small shape still runs, in both engines.
+#[test]
+fn splat_constants_cost_nothing_until_they_run() {
+    let dir = scratch("splats");
+    let program = dir.join("splats.kf");
+    let mut text = String::new();
+    for i in 0..100 {
+        text += &format!("%c{i} = constant() value={i}.5 : f32[268435456]\n");
+    }
+    text += "%s = add(%c0, %c1)\noutput \"s\" = %s\n";
+    std::fs::write(&program, &text).unwrap();
+    let p = program.to_str().unwrap();
+    let (code, peak, elapsed) = kfuse_peak_memory(&["check", p]);
+    assert_eq!(code, Some(0), "{}", stderr(&kfuse(&["check", p])));
+    assert!(
+        peak < 200 << 20,
+        "kfuse check held {peak} bytes at its peak"
+    );
+    assert!(
+        elapsed < std::time::Duration::from_secs(3),
+        "kfuse check took {elapsed:?}"
+    );
+    let printed = String::from_utf8(kfuse(&["check", p]).stdout).unwrap();
+    assert!(printed.contains("%99 = constant() value=99.5 : f32[268435456]\n"));
+
+    let small = dir.join("small.kf");
+    std::fs::write(
+        &small,
+        "%a = constant() value=1.5 : f32[3, 4]\n%b = constant() value=-2 : i32[4]\n\
+         %c = constant() value=true : bool[2, 2]\n%i = iota() axis=1 : f32[3, 4]\n\
+         %s = add(%i, %a)\n%t = mul(%b, %b)\n%u = not(%c)\n\
+         output \"s\" = %s\noutput \"t\" = %t\noutput \"u\" = %u\n",
+    )
+    .unwrap();
+    for engine in ["compiled", "reference"] {
+        let out = dir.join(engine);
+        let o = kfuse(&[
+            "run",
+            small.to_str().unwrap(),
+            "--engine",
+            engine,
+            "--output-dir",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{engine}: {}", stderr(&o));
+        let s = kfuse_npy::load_npy(&out.join("s.npy")).unwrap();
+        let row = [1.5f32, 2.5, 3.5, 4.5];
+        assert_eq!(s.as_slice::<f32>(), Some(&row.repeat(3)[..]), "{engine}");
+        let t = kfuse_npy::load_npy(&out.join("t.npy")).unwrap();
+        assert_eq!(t.as_slice::<i32>(), Some(&[4i32; 4][..]), "{engine}");
+        let u = kfuse_npy::load_npy(&out.join("u.npy")).unwrap();
+        assert_eq!(u.as_slice::<bool>(), Some(&[false; 4][..]), "{engine}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A misspelt workload name is an error naming it and every valid one, not an empty success.
 #[test]
 fn bench_refuses_unknown_workloads() {

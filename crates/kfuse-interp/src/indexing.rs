@@ -1,6 +1,6 @@
 //! Data-dependent indexing: gather, scatter-add, sort and top-k.
 
-use kfuse_ir::{Array, Element, Shape, Storage};
+use kfuse_ir::{Array, DType, Element, Shape, Storage, TensorType};
 
 use crate::elem::{narrow, widen, with_compute, Elem};
 use crate::movement::take;
@@ -72,6 +72,15 @@ pub fn scatter_add(x: &Array, index: &Array, src: &Array, axis: usize) -> Result
 /// positions. Returns the values and their i64 source indices.
 pub fn sort_lanes(x: &Array, axis: usize, descending: bool, k: usize) -> (Array, Array) {
     let dims = x.shape().dims();
+    if x.n_elems() == 0 {
+        // Nothing to sort, and the lane counts below may overflow: an empty array's other dims
+        // can be as large as `usize` allows.
+        let mut out_dims = dims.to_vec();
+        out_dims[axis] = k;
+        let out = TensorType::new(x.dtype(), out_dims);
+        let indices = TensorType::new(DType::I64, out.shape.dims());
+        return (Array::zeros(&out), Array::zeros(&indices));
+    }
     let outer: usize = dims[..axis].iter().product();
     let len = dims[axis];
     let inner: usize = dims[axis + 1..].iter().product();

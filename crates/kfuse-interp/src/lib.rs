@@ -16,7 +16,7 @@ mod strided;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kfuse_ir::{Array, DType, Graph, Op, Shape, Storage, TensorType};
+use kfuse_ir::{AllocError, Array, DType, Graph, MemoryLimit, Op, Shape, Storage, TensorType};
 
 /// A user-supplied function behind a `custom` op: operands in, results out.
 pub type CustomFn = dyn Fn(&[Array]) -> Result<Vec<Array>, String> + Send + Sync;
@@ -72,11 +72,12 @@ pub enum InterpError {
         op: &'static str,
         message: String,
     },
-    #[error("node %{node} ({op}): cannot allocate {bytes} bytes for its result")]
+    /// A node's result is larger than the memory left for it.
+    #[error("node %{node} ({op}): {error}")]
     OutOfMemory {
         node: u32,
         op: &'static str,
-        bytes: usize,
+        error: AllocError,
     },
 }
 
@@ -91,7 +92,9 @@ pub struct RunStats {
     pub peak_bytes: usize,
 }
 
-/// Runs `graph` on named inputs and returns its outputs in declaration order.
+/// Runs `graph` on named inputs and returns its outputs in declaration order. Results are
+/// refused only where the allocator would fail; [`run_with_limit`] takes a figure of the memory
+/// available.
 pub fn run(
     graph: &Graph,
     inputs: &[(String, Array)],
@@ -105,6 +108,18 @@ pub fn run_with_stats(
     graph: &Graph,
     inputs: &[(String, Array)],
     custom: &CustomOps,
+) -> Result<(Vec<(String, Array)>, RunStats), InterpError> {
+    run_with_limit(graph, inputs, custom, MemoryLimit::NONE)
+}
+
+/// As [`run_with_stats`], with every node's results checked against `limit`, less what the
+/// values still live take, before the node runs: a result too large is
+/// [`InterpError::OutOfMemory`], never an aborted process.
+pub fn run_with_limit(
+    graph: &Graph,
+    inputs: &[(String, Array)],
+    custom: &CustomOps,
+    limit: MemoryLimit,
 ) -> Result<(Vec<(String, Array)>, RunStats), InterpError> {
     let mut given: HashMap<&str, &Array> = HashMap::new();
     for (name, array) in inputs {
@@ -161,19 +176,18 @@ pub fn run_with_stats(
     let mut live_bytes = 0usize;
     for id in graph.node_ids() {
         let node = graph.node(id);
-        let bytes: usize = node.types.iter().map(TensorType::size_bytes).sum();
         let fail = |message: String| InterpError::Runtime {
             node: id.0,
             op: node.op.name(),
             message,
         };
-        if Vec::<u8>::new().try_reserve_exact(bytes).is_err() {
-            return Err(InterpError::OutOfMemory {
+        let bytes = reserve_results(&node.types, limit.after(live_bytes)).map_err(|error| {
+            InterpError::OutOfMemory {
                 node: id.0,
                 op: node.op.name(),
-                bytes,
-            });
-        }
+                error,
+            }
+        })?;
         let operands: Vec<&Array> = node
             .operands
             .iter()
@@ -185,6 +199,19 @@ pub fn run_with_stats(
             .collect();
         let results = match &node.op {
             Op::Input { name, .. } => vec![(*given[name.as_str()]).clone()],
+            // A splat constant holds one value until here; its elements are stored now,
+            // allocated fallibly, so every op reads a dense array.
+            Op::Constant { value } => {
+                let mut value = value.clone();
+                value
+                    .materialize(limit.after(live_bytes))
+                    .map_err(|error| InterpError::OutOfMemory {
+                        node: id.0,
+                        op: node.op.name(),
+                        error,
+                    })?;
+                vec![value]
+            }
             op => eval_op(op, &node.types, &operands, custom).map_err(fail)?,
         };
         debug_assert_eq!(
@@ -227,6 +254,25 @@ pub fn run_with_stats(
         })
         .collect();
     Ok((outputs, stats))
+}
+
+/// Checks that a node's results fit under `limit` and that the allocator grants them, and
+/// returns their bytes. The ops allocate their results infallibly, so each result's bytes are
+/// reserved here and released just before the op runs: a request the allocator refuses fails
+/// here, as an error, instead of aborting inside the op.
+fn reserve_results(types: &[TensorType], limit: MemoryLimit) -> Result<usize, AllocError> {
+    let mut total = 0usize;
+    for ty in types {
+        let bytes = limit.after(total).check(ty)?;
+        if Vec::<u8>::new().try_reserve_exact(bytes).is_err() {
+            return Err(AllocError::Refused {
+                ty: ty.clone(),
+                bytes,
+            });
+        }
+        total = total.saturating_add(bytes);
+    }
+    Ok(total)
 }
 
 /// Evaluates one op on operand arrays; `types` are the op's inferred result types. Graph inputs
@@ -335,13 +381,29 @@ pub fn eval_op(
     }
 }
 
+/// Elements of `iota` converted per block: the i64 coordinates of one block at a time sit
+/// beside the result, not a whole second copy of it at eight bytes an element.
+const IOTA_BLOCK: usize = 1 << 16;
+
 fn iota(ty: &TensorType, axis: usize) -> Array {
     let strides = ty.shape.strides();
     let dim = ty.shape.dims()[axis];
     let n = ty.shape.n_elems();
-    let coords: Vec<i64> = (0..n).map(|i| ((i / strides[axis]) % dim) as i64).collect();
-    let as_i64 = Array::new(ty.shape.clone(), Storage::I64(coords)).expect("iota fills its shape");
-    elementwise::cast(&as_i64, ty.dtype)
+    let mut result = Storage::zeros(ty.dtype, n);
+    for start in (0..n).step_by(IOTA_BLOCK) {
+        let end = (start + IOTA_BLOCK).min(n);
+        let coords: Vec<i64> = (start..end)
+            .map(|i| ((i / strides[axis]) % dim) as i64)
+            .collect();
+        let block = Array::new(Shape::new(vec![end - start]), Storage::I64(coords))
+            .expect("one coordinate per element");
+        // The same conversion as `cast`, so iota of every dtype rounds as a cast of its indices.
+        let converted = elementwise::cast(&block, ty.dtype);
+        kfuse_ir::with_storage!(&mut result, v => v[start..end].copy_from_slice(
+            kfuse_ir::Element::slice(converted.storage()).expect("cast gives the result's dtype")
+        ));
+    }
+    Array::new(ty.shape.clone(), result).expect("iota fills its shape")
 }
 
 fn rng(ty: &TensorType, dist: kfuse_ir::RngDist, seed: u64) -> Array {

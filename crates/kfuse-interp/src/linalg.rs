@@ -16,6 +16,11 @@ fn wrap<T: Element>(shape: &Shape, v: Vec<T>) -> Array {
 
 /// `[..., M, K] @ [..., K, N]` with broadcast batch dims.
 pub fn matmul(a: &Array, b: &Array, out: &TensorType) -> Array {
+    if out.shape.n_elems() == 0 {
+        // The operand offsets below may overflow when the result is empty: K, or a batch dim,
+        // can then be as large as `usize` allows.
+        return Array::zeros(out);
+    }
     let (wa, wb) = (widen(a), widen(b));
     let (ra, rb) = (a.shape().rank(), b.shape().rank());
     let (m, k) = (a.shape().dims()[ra - 2], a.shape().dims()[ra - 1]);

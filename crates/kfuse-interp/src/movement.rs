@@ -1,7 +1,7 @@
 //! Movement ops as index maps: every output element names the input element it copies (or a
 //! fill value). No arithmetic touches the data, so 16-bit floats are moved as they are.
 
-use kfuse_ir::{bf16, f16, Array, Element, PadMode, Shape, Storage};
+use kfuse_ir::{bf16, f16, Array, Element, PadMode, Shape, Storage, TensorType};
 
 /// Visits every multi-index of `shape` in row-major order.
 fn for_each_index(shape: &Shape, mut f: impl FnMut(&[usize])) {
@@ -132,6 +132,14 @@ pub fn pad(x: &Array, low: &[usize], mode: PadMode, value: f64, out: &Shape) -> 
 
 /// Concatenation along `axis`.
 pub fn concat(parts: &[&Array], axis: usize, out: &Shape) -> Array {
+    if out.n_elems() == 0 {
+        // The block counts below may overflow for an empty result, whose other dims can be as
+        // large as `usize` allows.
+        return Array::zeros(&TensorType {
+            dtype: parts[0].dtype(),
+            shape: out.clone(),
+        });
+    }
     let outer: usize = out.dims()[..axis].iter().product();
     let inner: usize = out.dims()[axis + 1..].iter().product();
     fn join<T: Element>(

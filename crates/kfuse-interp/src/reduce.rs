@@ -15,10 +15,18 @@ use crate::elem::{narrow, widen, with_compute, Elem};
 pub const LANES: usize = 16;
 
 /// Offsets of the kept (output) positions and of the reduced positions, both row-major.
+///
+/// An empty input may have dims whose product exceeds any list (`[0, 2^62]` reduced over axis 1,
+/// `[2^40, 0, 5]` over axis 2). So a selection with an empty dim is empty at once, before the
+/// dims ahead of it are listed, and with no kept position no reduced offset is listed: none
+/// would be read.
 fn split_offsets(shape: &Shape, axes: &[usize]) -> (Vec<usize>, Vec<usize>) {
     let strides = shape.strides();
     let offsets_over = |selected: &dyn Fn(usize) -> bool| {
         let mut offsets = vec![0usize];
+        if (0..shape.rank()).any(|axis| selected(axis) && shape.dims()[axis] == 0) {
+            return Vec::new();
+        }
         for (axis, (&dim, &stride)) in shape.dims().iter().zip(&strides).enumerate() {
             if !selected(axis) {
                 continue;
@@ -30,10 +38,13 @@ fn split_offsets(shape: &Shape, axes: &[usize]) -> (Vec<usize>, Vec<usize>) {
         }
         offsets
     };
-    (
-        offsets_over(&|a| !axes.contains(&a)),
-        offsets_over(&|a| axes.contains(&a)),
-    )
+    let kept = offsets_over(&|a| !axes.contains(&a));
+    let reduced = if kept.is_empty() {
+        Vec::new()
+    } else {
+        offsets_over(&|a| axes.contains(&a))
+    };
+    (kept, reduced)
 }
 
 /// Combines `values` in the documented order with `op` starting from `identity`.

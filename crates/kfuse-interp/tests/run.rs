@@ -2,9 +2,9 @@
 //! and checked, random values do not depend on how a program is cut up, and no well-typed graph
 //! on any input makes it panic.
 
-use kfuse_interp::{run, run_with_stats, CustomOps, InterpError};
+use kfuse_interp::{run, run_with_limit, run_with_stats, CustomOps, InterpError};
 use kfuse_ir::text::parse_graph;
-use kfuse_ir::{Array, Graph, TensorType};
+use kfuse_ir::{AllocError, Array, Graph, MemoryLimit, TensorType};
 use kfuse_testkit::{random_array, random_graph, Rng};
 
 fn f32s(a: &Array) -> Vec<f32> {
@@ -120,6 +120,128 @@ fn impossible_allocations_are_errors_not_aborts() {
         matches!(err, InterpError::OutOfMemory { node: 1, .. }),
         "{err}"
     );
+}
+
+#[test]
+fn results_beyond_the_memory_left_are_refused_naming_the_node() {
+    // Two live 400-byte values leave 200 of 1000 bytes: the third result does not fit.
+    let g = parse_graph(
+        "%a = iota() axis=0 : f32[100]\n%b = iota() axis=0 : f32[100]\n%c = add(%a, %b)\n\
+         output \"c\" = %c\n",
+    )
+    .unwrap();
+    let custom = CustomOps::new();
+    let err = run_with_limit(&g, &[], &custom, MemoryLimit::available(1000)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "node %2 (add): f32[100] needs 400 bytes, more than the 200 bytes this machine has \
+         available"
+    );
+    assert!(matches!(
+        err,
+        InterpError::OutOfMemory {
+            node: 2,
+            op: "add",
+            error: AllocError::OverLimit { bytes: 400, .. }
+        }
+    ));
+    let (out, stats) = run_with_limit(&g, &[], &custom, MemoryLimit::available(1200)).unwrap();
+    assert_eq!(out[0].1.get_f64(99), 198.0);
+    assert_eq!(stats.peak_bytes, 1200);
+}
+
+#[test]
+fn a_splat_constant_is_stored_when_reached_and_refused_when_too_large() {
+    let mut g = Graph::new();
+    let splat = Array::splat(kfuse_ir::Shape::new(vec![1 << 40]), 0.25f32).unwrap();
+    let c = g
+        .add(kfuse_ir::Op::Constant { value: splat }, vec![])
+        .unwrap();
+    let s = g
+        .add(
+            kfuse_ir::Op::Reduce {
+                op: kfuse_ir::ReduceOp::Sum,
+                axes: vec![0],
+                keepdims: false,
+            },
+            vec![c],
+        )
+        .unwrap();
+    g.add_output("s", s).unwrap();
+    let custom = CustomOps::new();
+    let err = run_with_limit(&g, &[], &custom, MemoryLimit::available(1 << 30)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            InterpError::OutOfMemory {
+                node: 0,
+                op: "constant",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let small = parse_graph(
+        "%c = constant() value=0.25 : f32[64]\n%s = reduce_sum(%c) axes=[0]\n\
+         output \"c\" = %c\noutput \"s\" = %s\n",
+    )
+    .unwrap();
+    let out = run_with_limit(&small, &[], &custom, MemoryLimit::available(1 << 20))
+        .unwrap()
+        .0;
+    assert_eq!(f32s(&out[0].1), vec![0.25; 64]);
+    assert_eq!(f32s(&out[1].1), vec![16.0]);
+}
+
+#[test]
+fn iota_of_every_dtype_is_a_cast_of_its_indices_across_blocks() {
+    // More elements than one conversion block, so the blocks' seams are crossed.
+    let n = (1 << 16) + 5;
+    for dtype in ["f32", "f64", "f16", "bf16", "i32", "i64", "u8"] {
+        let g = parse_graph(&format!(
+            "%i = iota() axis=1 : i64[2, {n}]\n%c = cast(%i) to={dtype}\n\
+             %x = iota() axis=1 : {dtype}[2, {n}]\noutput \"c\" = %c\noutput \"x\" = %x\n"
+        ))
+        .unwrap();
+        let out = run(&g, &[], &CustomOps::new()).unwrap();
+        assert!(out[0].1 == out[1].1, "{dtype}");
+        // Row 1, column 65540: past the first block's end.
+        let expected = if dtype == "u8" {
+            65540.0 % 256.0
+        } else {
+            65540.0
+        };
+        if dtype != "f16" && dtype != "bf16" {
+            assert_eq!(out[1].1.get_f64(n + 65540), expected, "{dtype}");
+        }
+    }
+}
+
+#[test]
+fn empty_arrays_with_huge_dims_reduce_sort_and_concatenate() {
+    // Each has no elements, but products of its other dims overflow `usize`.
+    let g = parse_graph(
+        "%x = iota() axis=0 : f32[0, 4611686018427387904]\n\
+         %s = reduce_sum(%x) axes=[1]\n\
+         %y = iota() axis=0 : f32[1099511627776, 0, 5]\n\
+         %m = reduce_max(%y) axes=[2]\n\
+         %z = iota() axis=0 : f32[2, 0, 4611686018427387904]\n\
+         %t = reduce_sum(%z) axes=[1, 2]\n\
+         %v, %i = sort(%z) axis=2 descending=false\n\
+         %c = concat(%z, %z) axis=0\n\
+         %w = iota() axis=0 : f32[2, 4611686018427387904, 0]\n\
+         %p = matmul(%z, %w)\n\
+         output \"s\" = %s\noutput \"m\" = %m\noutput \"t\" = %t\noutput \"i\" = %i\n\
+         output \"c\" = %c\noutput \"p\" = %p\n",
+    )
+    .unwrap();
+    let out = run(&g, &[], &CustomOps::new()).unwrap();
+    assert_eq!(out[0].1.n_elems(), 0);
+    assert_eq!(out[1].1.shape().dims(), &[1099511627776, 0]);
+    assert_eq!(f32s(&out[2].1), vec![0.0, 0.0]);
+    assert_eq!(out[3].1.n_elems(), 0);
+    assert_eq!(out[4].1.shape().dims(), &[4, 0, 4611686018427387904]);
+    assert_eq!(out[5].1.shape().dims(), &[2, 0, 0]);
 }
 
 #[test]

@@ -120,9 +120,13 @@ pub fn infer(op: &Op, operands: &[&TensorType]) -> Result<Vec<TensorType>> {
             arity(operands, 1)?;
             let t = operands[0];
             if shape.checked_n_elems() != Some(t.shape.n_elems()) {
+                let wanted = match shape.checked_n_elems() {
+                    Some(n) => n.to_string(),
+                    None => "at least 2^64".to_string(),
+                };
                 return Err(TypeError::operand(
                     0,
-                    format!("{} elements to reshape to {shape}", shape.n_elems()),
+                    format!("{wanted} elements to reshape to {shape}"),
                     format!("{t} ({} elements)", t.shape.n_elems()),
                 ));
             }
@@ -244,7 +248,12 @@ pub fn infer(op: &Op, operands: &[&TensorType]) -> Result<Vec<TensorType>> {
                         t,
                     ));
                 }
-                total += t.shape.0[*axis];
+                total = total.checked_add(t.shape.0[*axis]).ok_or_else(|| {
+                    TypeError::attr(
+                        format!("a concatenated axis {axis} whose size fits in usize"),
+                        format!("operands summing past {}", usize::MAX),
+                    )
+                })?;
             }
             let mut dims = first.shape.0.clone();
             dims[*axis] = total;
@@ -441,8 +450,8 @@ fn infer_reduce(
         }
         _ => numeric(t, 0)?,
     }
-    let reduced: usize = axes.iter().map(|&a| t.shape.0[a]).product();
-    if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) && reduced == 0 {
+    let reduces_nothing = axes.iter().any(|&a| t.shape.0[a] == 0);
+    if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) && reduces_nothing {
         return Err(TypeError::operand(
             0,
             "non-empty reduced axes for an arg reduction",
@@ -540,6 +549,18 @@ fn check_window(stride: [usize; 2], dilation: [usize; 2]) -> Result<()> {
     Ok(())
 }
 
+/// The padding along H and W (`top + bottom`, `left + right`) of `[top, bottom, left, right]`.
+fn padding_sums(padding: [usize; 4]) -> Result<[usize; 2]> {
+    let [pt, pb, pl, pr] = padding;
+    match (pt.checked_add(pb), pl.checked_add(pr)) {
+        (Some(h), Some(w)) => Ok([h, w]),
+        _ => Err(TypeError::attr(
+            "padding whose sums fit in usize",
+            format!("padding {padding:?}"),
+        )),
+    }
+}
+
 fn infer_conv(attrs: &Conv2dAttrs, x: &TensorType, w: &TensorType) -> Result<TensorType> {
     numeric(x, 0)?;
     if x.shape.rank() != 4 {
@@ -573,9 +594,9 @@ fn infer_conv(attrs: &Conv2dAttrs, x: &TensorType, w: &TensorType) -> Result<Ten
             w,
         ));
     }
-    let [pt, pb, pl, pr] = attrs.padding;
-    let oh = window_out(h, pt + pb, kh, attrs.stride[0], attrs.dilation[0]);
-    let ow = window_out(wd, pl + pr, kw, attrs.stride[1], attrs.dilation[1]);
+    let [pad_h, pad_w] = padding_sums(attrs.padding)?;
+    let oh = window_out(h, pad_h, kh, attrs.stride[0], attrs.dilation[0]);
+    let ow = window_out(wd, pad_w, kw, attrs.stride[1], attrs.dilation[1]);
     match (oh, ow) {
         (Some(oh), Some(ow)) => Ok(TensorType::new(
             x.dtype,
@@ -585,8 +606,8 @@ fn infer_conv(attrs: &Conv2dAttrs, x: &TensorType, w: &TensorType) -> Result<Ten
             1,
             format!(
                 "a dilated kernel no larger than the padded input ({}x{})",
-                h + pt + pb,
-                wd + pl + pr
+                h.saturating_add(pad_h),
+                wd.saturating_add(pad_w)
             ),
             w,
         )),
@@ -612,8 +633,9 @@ fn infer_pool(attrs: &Pool2dAttrs, x: &TensorType) -> Result<TensorType> {
         ));
     }
     let [n, c, h, w] = nchw_dims(&x.shape, attrs.layout);
-    let oh = window_out(h, pt + pb, kh, attrs.stride[0], attrs.dilation[0]);
-    let ow = window_out(w, pl + pr, kw, attrs.stride[1], attrs.dilation[1]);
+    let [pad_h, pad_w] = padding_sums(attrs.padding)?;
+    let oh = window_out(h, pad_h, kh, attrs.stride[0], attrs.dilation[0]);
+    let ow = window_out(w, pad_w, kw, attrs.stride[1], attrs.dilation[1]);
     match (oh, ow) {
         (Some(oh), Some(ow)) => Ok(TensorType::new(
             x.dtype,

@@ -9,6 +9,7 @@ mod dtype;
 mod error;
 mod graph;
 pub mod infer;
+mod memory;
 mod op;
 pub mod shape;
 pub mod text;
@@ -19,6 +20,7 @@ pub use dtype::DType;
 pub use error::{IrError, TypeError};
 pub use graph::{Graph, Node, NodeId, Output, Value};
 pub use half::{bf16, f16};
+pub use memory::{readable_bytes, AllocError, MemoryLimit};
 pub use op::{
     BinaryOp, CompareOp, Conv2dAttrs, Ieee64, Layout, Op, PadMode, Pool2dAttrs, PoolKind, ReduceOp,
     RngDist, UnaryOp,

@@ -32,23 +32,32 @@ impl Shape {
         &self.0
     }
 
-    /// The number of elements (1 for a scalar, 0 if any dim is 0).
+    /// The number of elements (1 for a scalar, 0 if any dim is 0). A count that overflows
+    /// `usize` saturates at `usize::MAX`; inference refuses such shapes in a graph, and
+    /// [`Shape::checked_n_elems`] tells them apart.
     pub fn n_elems(&self) -> usize {
-        self.0.iter().product()
+        self.checked_n_elems().unwrap_or(usize::MAX)
     }
 
-    /// The number of elements, or `None` if it overflows `usize`.
+    /// The number of elements, or `None` if it overflows `usize`. A shape with an empty dim
+    /// has no elements, whatever the product of the dims before it.
     pub fn checked_n_elems(&self) -> Option<usize> {
+        if self.0.contains(&0) {
+            return Some(0);
+        }
         self.0.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
     }
 
     /// Row-major (C order) strides in elements.
+    ///
+    /// A shape with no elements may have dims whose product overflows (`[0, 2^62, 4]`); its
+    /// strides saturate instead of wrapping, and are never used to address an element.
     pub fn strides(&self) -> Vec<usize> {
         let mut strides = vec![0; self.rank()];
-        let mut acc = 1;
+        let mut acc = 1usize;
         for (axis, &dim) in self.0.iter().enumerate().rev() {
             strides[axis] = acc;
-            acc *= dim;
+            acc = acc.saturating_mul(dim);
         }
         strides
     }
@@ -117,9 +126,17 @@ impl TensorType {
         }
     }
 
-    /// Bytes of a dense row-major buffer holding this type.
+    /// Bytes of a dense row-major buffer holding this type, saturating at `usize::MAX` (which
+    /// no type in a graph reaches: inference refuses it).
     pub fn size_bytes(&self) -> usize {
-        self.shape.n_elems() * self.dtype.size_bytes()
+        self.checked_size_bytes().unwrap_or(usize::MAX)
+    }
+
+    /// Bytes of a dense row-major buffer holding this type, or `None` if they overflow `usize`.
+    pub fn checked_size_bytes(&self) -> Option<usize> {
+        self.shape
+            .checked_n_elems()?
+            .checked_mul(self.dtype.size_bytes())
     }
 }
 
@@ -143,5 +160,19 @@ mod tests {
         assert!(broadcasts_to(&s(&[3]), &s(&[2, 3])));
         assert!(!broadcasts_to(&s(&[2, 3]), &s(&[3])));
         assert_eq!(s(&[2, 3, 4]).strides(), vec![12, 4, 1]);
+    }
+
+    #[test]
+    fn sizes_that_overflow_saturate_instead_of_wrapping() {
+        let huge = Shape::new(vec![0, 1 << 62, 8]);
+        assert_eq!(huge.n_elems(), 0);
+        assert_eq!(huge.strides(), vec![usize::MAX, 8, 1]);
+        assert_eq!(Shape::new(vec![8, 1 << 62, 0]).checked_n_elems(), Some(0));
+        let too_many = Shape::new(vec![1 << 40, 1 << 40]);
+        assert_eq!(too_many.checked_n_elems(), None);
+        assert_eq!(too_many.n_elems(), usize::MAX);
+        let ty = TensorType::new(DType::F32, [1usize << 62]);
+        assert_eq!(ty.checked_size_bytes(), None);
+        assert_eq!(ty.size_bytes(), usize::MAX);
     }
 }

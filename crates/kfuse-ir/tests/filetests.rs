@@ -32,5 +32,5 @@ fn check(header: &str, input: &str) -> Result<String, String> {
 fn filetests() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filetests");
     let n = kfuse_testkit::run_filetests(&dir, check);
-    assert!(n >= 39, "only {n} file tests in {}", dir.display());
+    assert!(n >= 46, "only {n} file tests in {}", dir.display());
 }

@@ -49,6 +49,8 @@ pub fn lower(graph: &Graph, partition: &Partition) -> Result<Program, LowerError
             buffers.push(Buffer {
                 ty: ty.clone(),
                 kind,
+                node: id.0,
+                op: node.op.name(),
             });
         }
     }

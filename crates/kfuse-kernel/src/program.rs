@@ -24,6 +24,9 @@ pub enum BufferKind {
 pub struct Buffer {
     pub ty: TensorType,
     pub kind: BufferKind,
+    /// The graph node whose result it holds, and that node's op, for messages about it.
+    pub node: u32,
+    pub op: &'static str,
 }
 
 /// One unit of work.

@@ -14,13 +14,15 @@ pub use calibrate::{calibrate, calibrated_cost_model};
 use kfuse_cpu::{CacheOutcome, CompiledKernel, Compiler, Numerics};
 use kfuse_fusion::{partition, CostModel, FusePolicy, Partition};
 use kfuse_interp::{CustomOps, InterpError};
+pub use meminfo::available_memory;
 pub use runner::{plan_memory, MemoryPlan, Runner};
 
 mod align;
 mod calibrate;
+mod meminfo;
 mod runner;
-use kfuse_ir::{Array, Graph};
-use kfuse_kernel::{lower, LowerError, Program, Step};
+use kfuse_ir::{AllocError, Array, Graph};
+use kfuse_kernel::{lower, BufferKind, LowerError, Program, Step};
 
 /// Why compiling or running failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,6 +42,13 @@ pub enum RunError {
         step: usize,
         what: String,
         message: String,
+    },
+    /// The buffer holding a node's result is larger than the memory left for it.
+    #[error("node %{node} ({op}): {error}")]
+    OutOfMemory {
+        node: u32,
+        op: &'static str,
+        error: AllocError,
     },
 }
 
@@ -164,7 +173,24 @@ pub fn compile_with(
         .collect();
     let graph = &optimized;
     let partition = partition(graph, options.policy, cost);
-    let program = lower(graph, &partition)?;
+    let mut program = lower(graph, &partition)?;
+    // A splat constant reaches the program as one value; kernels and routines read every
+    // element, so they are stored here, each checked against the memory the machine has.
+    let limit = available_memory();
+    let mut stored = 0usize;
+    for buffer in &mut program.buffers {
+        if let BufferKind::Constant(value) = &mut buffer.kind {
+            let bytes =
+                value
+                    .materialize(limit.after(stored))
+                    .map_err(|error| RunError::OutOfMemory {
+                        node: buffer.node,
+                        op: buffer.op,
+                        error,
+                    })?;
+            stored = stored.saturating_add(bytes);
+        }
+    }
     let compiler = match options.backend {
         Backend::Tile => Err("the tile interpreter was requested".to_string()),
         Backend::Auto => Compiler::detect(options.cache_dir.clone()),

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use kfuse_interp::{CustomOps, InterpError};
-use kfuse_ir::{Array, Storage};
+use kfuse_ir::{Array, MemoryLimit, Storage};
 use kfuse_kernel::{Access, Anchor, BufId, BufferKind, Program, Step, StructuredCall};
 
 use kfuse_cpu::Numerics;
@@ -22,9 +22,12 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
-    /// Bytes of all slots.
+    /// Bytes of all slots, saturating at `usize::MAX`: every slot's size fits in `usize`
+    /// (inference checks each type), but their sum need not.
     pub fn slot_bytes(&self) -> usize {
-        self.slots.iter().map(|(d, n)| d.size_bytes() * n).sum()
+        self.slots.iter().fold(0, |total: usize, (d, n)| {
+            total.saturating_add(d.size_bytes().saturating_mul(*n))
+        })
     }
 }
 
@@ -204,9 +207,14 @@ impl<'a> Runner<'a> {
         };
         for buffer in &program.buffers {
             if buffer.kind != BufferKind::Computed {
-                stats.peak_bytes += buffer.ty.size_bytes();
+                stats.peak_bytes = stats.peak_bytes.saturating_add(buffer.ty.size_bytes());
             }
         }
+        // Slots still to allocate are checked against what the machine has available, read
+        // when the first of them is needed (runs that reuse every slot never read it), less
+        // what this run has allocated so far.
+        let mut limit: Option<MemoryLimit> = None;
+        let mut allocated = 0usize;
         let run_start = std::time::Instant::now();
         for (s, step) in program.steps.iter().enumerate() {
             let step_start = run_start.elapsed();
@@ -223,7 +231,17 @@ impl<'a> Runner<'a> {
                     {
                         st
                     }
-                    _ => Storage::zeros(buffer.ty.dtype, buffer.ty.shape.n_elems()),
+                    _ => {
+                        let left = limit.get_or_insert_with(crate::available_memory);
+                        let storage = Storage::try_zeros(&buffer.ty, left.after(allocated))
+                            .map_err(|error| RunError::OutOfMemory {
+                                node: buffer.node,
+                                op: buffer.op,
+                                error,
+                            })?;
+                        allocated = allocated.saturating_add(buffer.ty.size_bytes());
+                        storage
+                    }
                 };
                 stats.bytes_written += buffer.ty.size_bytes();
                 taken.push((k, storage));

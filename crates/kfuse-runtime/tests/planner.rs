@@ -64,3 +64,66 @@ fn outputs_that_are_inputs_or_constants_are_returned_as_such() {
     assert_eq!(out[1].1, Array::scalar(7.0f32));
     assert_eq!(stats.kernels, 0);
 }
+
+#[test]
+fn a_buffer_larger_than_the_machine_is_an_error_naming_its_node() {
+    // Four terabytes: beyond what any machine this runs on has available, so the slot is
+    // refused before anything is allocated.
+    let g = parse_graph(
+        "%x = input() name=\"x\" : f32[4]\n%i = iota() axis=0 : f32[1000000000000]\n\
+         %p = pad(%x) low=[0] high=[999999999996] mode=constant value=0.0\n%s = add(%i, %p)\n\
+         output \"s\" = %s\n",
+    )
+    .unwrap();
+    let exe = compile(&g, FusePolicy::None, &FixedCostModel::default()).unwrap();
+    let x = Array::from_vec(vec![4], vec![1.0f32; 4]).unwrap();
+    let err = exe.run(&[("x".into(), x)], &CustomOps::new()).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        matches!(
+            err,
+            kfuse_runtime::RunError::OutOfMemory {
+                node: 1,
+                op: "iota",
+                ..
+            }
+        ),
+        "{message}"
+    );
+    assert!(
+        message.starts_with("node %1 (iota): f32[1000000000000] needs 4000000000000 bytes, more"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_splat_constant_is_stored_once_compiled_or_refused_naming_its_node() {
+    let g = parse_graph(
+        "%c = constant() value=0.5 : f32[1000]\n%x = input() name=\"x\" : f32[1000]\n\
+         %s = add(%x, %c)\noutput \"s\" = %s\n",
+    )
+    .unwrap();
+    let exe = compile(&g, FusePolicy::None, &FixedCostModel::default()).unwrap();
+    let x = Array::from_vec(vec![1000], vec![1.0f32; 1000]).unwrap();
+    let (out, _) = exe.run(&[("x".into(), x)], &CustomOps::new()).unwrap();
+    assert_eq!(out[0].1.as_slice::<f32>(), Some(&[1.5f32; 1000][..]));
+
+    // Text caps a constant at 1 GiB; a graph built in code can hold a splat of any size, which
+    // compiling must store, and cannot.
+    let mut huge = kfuse_ir::Graph::new();
+    let value = Array::splat(kfuse_ir::Shape::new(vec![1 << 60]), 1.0f32).unwrap();
+    let c = huge.add(kfuse_ir::Op::Constant { value }, vec![]).unwrap();
+    huge.add_output("c", c).unwrap();
+    let err = compile(&huge, FusePolicy::None, &FixedCostModel::default()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            kfuse_runtime::RunError::OutOfMemory {
+                node: 0,
+                op: "constant",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}

@@ -45,9 +45,9 @@ pub use kfuse_fusion::{CostModel, FixedCostModel, FusePolicy};
 pub use kfuse_interp::{CustomOps, InterpError, RunStats};
 pub use kfuse_ir::text::{parse_graph, print_graph, ParseError};
 pub use kfuse_ir::{
-    bf16, f16, Array, BinaryOp, CompareOp, Conv2dAttrs, DType, Element, Graph, Ieee64, IrError,
-    Layout, NodeId, Op, PadMode, Pool2dAttrs, PoolKind, ReduceOp, RngDist, Shape, Storage,
-    TensorType, UnaryOp, Value,
+    bf16, f16, AllocError, Array, BinaryOp, CompareOp, Conv2dAttrs, DType, Element, Graph, Ieee64,
+    IrError, Layout, MemoryLimit, NodeId, Op, PadMode, Pool2dAttrs, PoolKind, ReduceOp, RngDist,
+    Shape, Storage, TensorType, UnaryOp, Value,
 };
 pub use kfuse_npy as npy;
 pub use kfuse_runtime::{Backend, CacheAligned, Executable, Options, Tier};
@@ -117,13 +117,14 @@ pub fn parse(text: &str) -> Result<Graph, Error> {
     Ok(parse_graph(text)?)
 }
 
-/// Runs a graph on the reference interpreter with named inputs; returns the named outputs.
+/// Runs a graph on the reference interpreter with named inputs; returns the named outputs. A
+/// result larger than the memory the machine has available is an error naming its node.
 pub fn run_graph(
     graph: &Graph,
     inputs: &[(String, Array)],
     custom: &CustomOps,
 ) -> Result<Vec<(String, Array)>, Error> {
-    Ok(kfuse_interp::run(graph, inputs, custom)?)
+    run_graph_with_stats(graph, inputs, custom).map(|(outputs, _)| outputs)
 }
 
 /// As [`run_graph`], also returning the interpreter's [`RunStats`].
@@ -132,7 +133,8 @@ pub fn run_graph_with_stats(
     inputs: &[(String, Array)],
     custom: &CustomOps,
 ) -> Result<(Vec<(String, Array)>, RunStats), Error> {
-    Ok(kfuse_interp::run_with_stats(graph, inputs, custom)?)
+    let limit = kfuse_runtime::available_memory();
+    Ok(kfuse_interp::run_with_limit(graph, inputs, custom, limit)?)
 }
 
 #[cfg(test)]

@@ -494,7 +494,7 @@ impl Context {
     ) -> Result<Vec<Array>, Error> {
         let graph = self.graph(outputs)?;
         let bound = self.input_check(&graph).bind(collect_inputs(inputs))?;
-        let results = kfuse_interp::run(&graph, &bound, &self.inner.borrow().custom)?;
+        let results = crate::run_graph(&graph, &bound, &self.inner.borrow().custom)?;
         Ok(results.into_iter().map(|(_, a)| a).collect())
     }
 }

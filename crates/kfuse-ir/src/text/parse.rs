@@ -33,7 +33,9 @@ impl std::error::Error for ParseError {}
 /// The deepest nesting of attribute lists the parser accepts.
 const MAX_LIST_DEPTH: usize = 8;
 
-/// Constants written in text are limited to this many bytes once expanded.
+/// Constants written in text are limited to this many bytes once expanded. A splat costs
+/// nothing until it runs, but the graph passes may compute on a constant's elements, so the
+/// bound keeps a few bytes of text from costing more than this at compile time.
 const MAX_CONSTANT_BYTES: usize = 1 << 30;
 
 /// Parses the `.kf` text form into a verified graph.
@@ -481,13 +483,10 @@ pub(crate) fn array_from_attr(attr: &Attr, ty: &TensorType) -> Result<Array, Str
             &bad,
         )?),
     };
-    let storage = if splat {
-        crate::with_storage!(storage, v => {
-            let x = v[0];
-            Storage::from_splat(x, n)
-        })
-    } else {
-        storage
-    };
+    if splat {
+        // One value stands for the whole shape: the array keeps just that value.
+        return crate::with_storage!(storage, v => Array::splat(ty.shape.clone(), v[0]))
+            .map_err(|e| e.to_string());
+    }
     Array::new(ty.shape.clone(), storage).map_err(|e| e.to_string())
 }

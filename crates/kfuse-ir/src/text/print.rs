@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::{attrs_of, Attr};
-use crate::{Array, Graph, Storage, Value};
+use crate::{bf16, f16, Array, DType, Graph, Value};
 
 /// Prints a graph in the `.kf` text form. Parsing the result gives an equal graph.
 pub fn print_graph(graph: &Graph) -> String {
@@ -84,16 +84,18 @@ pub fn float_text<F: Into<f64> + std::fmt::Debug + Copy>(x: F) -> String {
     }
 }
 
+/// Element `i` as text, read from its bits so that a splat is never expanded.
 fn elem_text(array: &Array, i: usize) -> String {
-    match array.storage() {
-        Storage::F32(v) => float_text(v[i]),
-        Storage::F64(v) => float_text(v[i]),
-        Storage::F16(v) => float_text(v[i].to_f32()),
-        Storage::BF16(v) => float_text(v[i].to_f32()),
-        Storage::I32(v) => v[i].to_string(),
-        Storage::I64(v) => v[i].to_string(),
-        Storage::U8(v) => v[i].to_string(),
-        Storage::Bool(v) => v[i].to_string(),
+    let bits = array.get_bits(i);
+    match array.dtype() {
+        DType::F32 => float_text(f32::from_bits(bits as u32)),
+        DType::F64 => float_text(f64::from_bits(bits)),
+        DType::F16 => float_text(f16::from_bits(bits as u16).to_f32()),
+        DType::BF16 => float_text(bf16::from_bits(bits as u16).to_f32()),
+        DType::I32 => (bits as u32 as i32).to_string(),
+        DType::I64 => (bits as i64).to_string(),
+        DType::U8 => (bits as u8).to_string(),
+        DType::Bool => (bits != 0).to_string(),
     }
 }
 
