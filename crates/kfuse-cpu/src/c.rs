@@ -244,10 +244,9 @@ fn cast(x: &str, from: DType, to: DType) -> Result<String, Unsupported> {
     // Integers and bool: through i64, wrapping to integer targets, rounding to float ones.
     let i = format!("(int64_t){x}");
     Ok(match to {
-        DType::F32 => format!("(float){i}"),
-        DType::F64 => format!("(double){i}"),
-        DType::F16 => format!("(_Float16)(float){i}"),
-        DType::BF16 => format!("kf_f32_to_bf16((float){i})"),
+        DType::F32 => format!("kf_i64_to_f32({i})"),
+        DType::F64 => format!("kf_i64_to_f64({i})"),
+        DType::F16 | DType::BF16 => narrow(format!("kf_i64_to_f32({i})"), to),
         DType::I32 => format!("(int32_t){i}"),
         DType::I64 => i,
         DType::U8 => format!("(uint8_t){i}"),

@@ -353,6 +353,52 @@ fn binary_ops_comparisons_and_casts_are_bit_exact() {
     }
 }
 
+/// Runs `text` (one input `x`) compiled in strict numerics and on the reference, bit for bit.
+fn check_strict_text(text: &str, x: Array, what: &str) {
+    let g = parse_graph(text).unwrap_or_else(|e| panic!("{what}: {e}\n{text}"));
+    check_strict(&g, &[("x".into(), x)], what);
+}
+
+#[test]
+fn float_to_integer_to_float_casts_give_positive_zero() {
+    // A float cast to an integer truncates, so -0.5 becomes the integer 0, and an integer 0 cast
+    // back is +0. C compilers may fold the two conversions into a float `trunc`, which keeps
+    // the sign: -0.
+    let values = [
+        -0.5,
+        -0.0,
+        0.0,
+        -0.99,
+        0.75,
+        -1.5,
+        2.5,
+        -1e-30,
+        -7.0,
+        f64::NAN,
+    ];
+    for (from, int, to) in [
+        ("f32", "i32", "f32"),
+        ("f32", "i64", "f32"),
+        ("f64", "i32", "f64"),
+        ("f64", "i64", "f64"),
+        ("f32", "i32", "f64"),
+        ("f64", "i64", "f32"),
+        ("f16", "i32", "f16"),
+        ("bf16", "i64", "bf16"),
+        ("f32", "u8", "f32"),
+    ] {
+        let n = 64 * values.len();
+        let text = format!(
+            "%x = input() name=\"x\" : {from}[{n}]\n%i = cast(%x) to={int}\n\
+             %y = cast(%i) to={to}\noutput \"y\" = %y\n"
+        );
+        let data: Vec<f64> = (0..n).map(|k| values[k % values.len()]).collect();
+        let x = Array::from_vec(vec![n], data).unwrap();
+        let x = kfuse_interp::elementwise::cast(&x, DType::from_name(from).unwrap());
+        check_strict_text(&text, x, &format!("{from} -> {int} -> {to}"));
+    }
+}
+
 #[test]
 fn reductions_are_bit_exact_in_strict_mode() {
     let text = "%x = input() name=\"x\" : f32[37, 1029]\n%s = reduce_sum(%x) axes=[1]\n%p = reduce_prod(%x) axes=[1]\n\

@@ -435,6 +435,19 @@ KF_INLINE int32_t kf_f2i32(double x) { return x != x ? 0 : (x >= 2147483647.0 ? 
 KF_INLINE int64_t kf_f2i64(double x) { return x != x ? 0 : (x >= 9223372036854775807.0 ? INT64_MAX : (x <= -9223372036854775808.0 ? INT64_MIN : (int64_t)x)); }
 KF_INLINE uint8_t kf_f2u8(double x) { return x != x ? 0 : (x >= 255.0 ? 255 : (x <= 0.0 ? 0 : (uint8_t)x)); }
 
+/* Integer to float, with the sign taken from the integer. Under -fno-trapping-math GCC folds a
+ * float -> integer -> float pair into one trunc, which keeps the sign of x in (-1, 0): -0, where
+ * the integer 0 converts to +0. Every integer converts to a float of its own sign, so setting
+ * the sign bit from the integer changes no result, and no fold sees through it. */
+KF_INLINE float kf_i64_to_f32(int64_t v) {
+    uint32_t sign = (uint32_t)((uint64_t)v >> 63) << 31;
+    return kf_f32_from_bits((kf_f32_bits((float)v) & 0x7fffffffu) | sign);
+}
+KF_INLINE double kf_i64_to_f64(int64_t v) {
+    uint64_t sign = ((uint64_t)v >> 63) << 63;
+    return kf_f64_from_bits((kf_f64_bits((double)v) & 0x7fffffffffffffffull) | sign);
+}
+
 /* bfloat16 as raw bits, rounded to nearest even like the `half` crate. */
 KF_INLINE float kf_bf16_to_f32(uint16_t b) { return kf_f32_from_bits((uint32_t)b << 16); }
 KF_INLINE uint16_t kf_f32_to_bf16(float v) {
