@@ -46,10 +46,12 @@ fn wide(x: &str, d: DType) -> String {
     }
 }
 
-/// A computed float `e` narrowed back to storage dtype `d`.
+/// A computed float `e` narrowed back to storage dtype `d`. Both 16-bit formats round in
+/// integer steps of `kfuse_math.h`: a C cast to `_Float16` is not kept by every compiler (see
+/// `kf_f32_to_f16_bits`).
 fn narrow(e: String, d: DType) -> String {
     match d {
-        DType::F16 => format!("((_Float16)({e}))"),
+        DType::F16 => format!("kf_f32_to_f16({e})"),
         DType::BF16 => format!("kf_f32_to_bf16({e})"),
         _ => e,
     }
@@ -228,7 +230,7 @@ fn cast(x: &str, from: DType, to: DType) -> Result<String, Unsupported> {
         return Ok(match to {
             DType::F32 => format!("(float){xw}"),
             DType::F64 => format!("(double){xw}"),
-            DType::F16 => format!("(_Float16){xw}"),
+            DType::F16 => narrow(format!("(float){xw}"), DType::F16),
             DType::BF16 if from == DType::F64 => {
                 return Err(Unsupported(
                     "f64 to bf16 rounds once in the interpreter; C has no such conversion".into(),

@@ -400,6 +400,68 @@ fn float_to_integer_to_float_casts_give_positive_zero() {
 }
 
 #[test]
+fn half_precision_casts_feeding_reductions_round_in_strict_mode() {
+    // 1e5 is past f16's largest finite value, so it rounds to inf and the row sums to NaN; a
+    // compiler that keeps the f16 value in wider precision (or drops the cast) gives a number.
+    let row = [
+        1e5f32, -1e5, 1.0001, 0.1, 3.0e-8, 65520.0, -2049.0, 0.33333334,
+    ];
+    let (rows, n) = (5, 48);
+    let data: Vec<f32> = (0..rows * n)
+        .map(|k| {
+            let (r, j) = (k / n, k % n);
+            // Row 0 holds the overflowing pair; later rows rotate the values and drop it, so
+            // that their sums are finite and every rounding shows.
+            let v = row[(j + r) % row.len()];
+            if r > 0 && v.abs() == 1e5 {
+                1.0 + j as f32 / 1024.0
+            } else {
+                v
+            }
+        })
+        .collect();
+    for half in ["f16", "bf16"] {
+        let text = format!(
+            "%x = input() name=\"x\" : f32[{rows}, {n}]\n%h = cast(%x) to={half}\n\
+             %s = reduce_sum(%h) axes=[1]\n%w = cast(%h) to=f32\n%t = reduce_sum(%w) axes=[1]\n\
+             %m = mul(%h, %h)\n%u = reduce_sum(%m) axes=[1]\n\
+             output \"s\" = %s\noutput \"t\" = %t\noutput \"u\" = %u\n"
+        );
+        let x = Array::from_vec(vec![rows, n], data.clone()).unwrap();
+        check_strict_text(&text, x, &format!("f32 -> {half} -> sum"));
+    }
+}
+
+#[test]
+fn half_precision_rounding_is_written_out_in_the_c_source() {
+    // GCC 12 targeting AVX512-FP16 drops a C conversion float -> _Float16 -> float inside a
+    // loop (the f16 row sums above came out 1.1006, not NaN, on such a CPU), and the machine
+    // running this test may lack that extension. So the source itself must round in integer
+    // steps: a `(_Float16)` conversion may only make a literal, whose value is exact.
+    let text = "%x = input() name=\"x\" : f32[5, 48]\n%i = input() name=\"i\" : i32[5, 48]\n\
+                %d = input() name=\"d\" : f64[5, 48]\n%h = cast(%x) to=f16\n\
+                %s = reduce_sum(%h) axes=[1]\n%e = exp(%h)\n%c = constant() value=0.5 : f16[]\n\
+                %m = mul(%e, %c)\n%j = cast(%i) to=f16\n%k = cast(%d) to=f16\n%a = add(%j, %k)\n\
+                %b = cast(%h) to=bf16\n%g = cast(%b) to=f16\n\
+                output \"s\" = %s\noutput \"m\" = %m\noutput \"a\" = %a\noutput \"g\" = %g\n";
+    let g = parse_graph(text).unwrap();
+    let mut narrowings = 0;
+    for kernel in fused_kernels(&g) {
+        let source = kfuse_cpu::c::render_function(&kernel, "k").unwrap();
+        narrowings += source.matches("kf_f32_to_f16(").count();
+        for (at, _) in source.match_indices("(_Float16)") {
+            let rest = &source[at + "(_Float16)".len()..];
+            assert!(
+                rest.starts_with("kf_f32_from_bits(0x"),
+                "a C conversion to _Float16: {}\n{source}",
+                &rest[..rest.len().min(60)]
+            );
+        }
+    }
+    assert!(narrowings >= 6, "{narrowings} narrowings");
+}
+
+#[test]
 fn reductions_are_bit_exact_in_strict_mode() {
     let text = "%x = input() name=\"x\" : f32[37, 1029]\n%s = reduce_sum(%x) axes=[1]\n%p = reduce_prod(%x) axes=[1]\n\
                 %mx = reduce_max(%x) axes=[1]\n%mn = reduce_min(%x) axes=[1]\n%me = reduce_mean(%x) axes=[1]\n\

@@ -457,6 +457,39 @@ KF_INLINE uint16_t kf_f32_to_bf16(float v) {
     return ((x & round_bit) != 0 && (x & (3 * round_bit - 1)) != 0) ? (uint16_t)((x >> 16) + 1) : (uint16_t)(x >> 16);
 }
 
+/* f32 narrowed to binary16 bits, rounded to nearest even (what vcvtps2ph and the `half` crate
+ * give; all 2^32 inputs checked once, NaN payloads included), in integer steps. Not a C cast:
+ * GCC 12 targeting AVX512-FP16 drops a float -> _Float16 -> float round trip inside a loop,
+ * with or without -fexcess-precision=standard, so f16 results would keep f32 precision. */
+KF_INLINE uint16_t kf_f32_to_f16_bits(float v) {
+    uint32_t x = kf_f32_bits(v);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t a = x & 0x7fffffffu;
+    /* Normal results: rebias the exponent and round the 13 dropped bits to nearest even; a
+     * carry moves into the exponent, and everything from 65520 up becomes infinity. */
+    uint32_t normal = (a - 0x38000000u + 0x0fffu + ((a >> 13) & 1u)) >> 13;
+    normal = normal < 0x7c00u ? normal : 0x7c00u;
+    /* Results below 2^-14 count units of 2^-24: the significand, implicit bit included, shifted
+     * right by 126 - e and rounded to nearest even (31 places and more leave less than half a
+     * unit; the shift is clamped so that it stays defined for lanes that take the other arm). */
+    int32_t shift = 126 - (int32_t)(a >> 23);
+    shift = shift > 14 ? (shift < 31 ? shift : 31) : 14;
+    uint32_t m = (a & 0x007fffffu) | 0x00800000u;
+    uint32_t q = m >> shift;
+    uint32_t rest = m & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1);
+    uint32_t subnormal = q + ((rest > half) | ((rest == half) & q & 1u));
+    uint32_t r = a < 0x38800000u ? subnormal : normal;
+    r = a > 0x7f800000u ? (0x7e00u | ((a >> 13) & 0x3ffu)) : r;
+    return (uint16_t)(sign | r);
+}
+KF_INLINE _Float16 kf_f32_to_f16(float v) {
+    uint16_t b = kf_f32_to_f16_bits(v);
+    _Float16 h;
+    memcpy(&h, &b, 2);
+    return h;
+}
+
 /* ---- streaming stores (no Rust twin: they move bytes, they compute nothing) ----
  * Large outputs are written with non-temporal stores: the line is not read for ownership first
  * and does not evict the inputs from the cache. Inline assembly instead of <immintrin.h>, which
