@@ -230,13 +230,12 @@ fn cast(x: &str, from: DType, to: DType) -> Result<String, Unsupported> {
         return Ok(match to {
             DType::F32 => format!("(float){xw}"),
             DType::F64 => format!("(double){xw}"),
+            // From f64 both round once, straight from the double (a C conversion to _Float16
+            // may go through float); from f32 the one rounding is the narrowing itself.
+            DType::F16 if from == DType::F64 => format!("kf_f64_to_f16({xw})"),
+            DType::BF16 if from == DType::F64 => format!("kf_f64_to_bf16({xw})"),
             DType::F16 => narrow(format!("(float){xw}"), DType::F16),
-            DType::BF16 if from == DType::F64 => {
-                return Err(Unsupported(
-                    "f64 to bf16 rounds once in the interpreter; C has no such conversion".into(),
-                ))
-            }
-            DType::BF16 => format!("kf_f32_to_bf16((float){xw})"),
+            DType::BF16 => narrow(format!("(float){xw}"), DType::BF16),
             DType::I32 => format!("kf_f2i32((double){xw})"),
             DType::I64 => format!("kf_f2i64((double){xw})"),
             DType::U8 => format!("kf_f2u8((double){xw})"),

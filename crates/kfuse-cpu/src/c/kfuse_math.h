@@ -490,6 +490,41 @@ KF_INLINE _Float16 kf_f32_to_f16(float v) {
     return h;
 }
 
+/* f64 narrowed to f16 or bf16 with one rounding (narrow_f64 in narrow.rs, the same integer
+ * steps): a C conversion from double to _Float16 may go through float, and there is none to
+ * bf16. exp_bits and man_bits describe the target format. */
+KF_INLINE uint16_t kf_narrow_f64(double x, int exp_bits, int man_bits) {
+    uint64_t bits = kf_f64_bits(x);
+    uint64_t sign = (bits >> 63) << (exp_bits + man_bits);
+    uint64_t abs = bits & 0x7fffffffffffffffull;
+    uint64_t infinity = ((1ull << exp_bits) - 1) << man_bits;
+    int biased = (int)(abs >> 52);
+    uint64_t fraction = abs & ((1ull << 52) - 1);
+    uint64_t significand = biased == 0 ? fraction : fraction | (1ull << 52);
+    int low_exp = biased == 0 ? -1074 : biased - 1075;
+    int exponent = low_exp + 63 - __builtin_clzll(significand | 1);
+    int min_exponent = 2 - (1 << (exp_bits - 1));
+    int e = exponent > min_exponent ? exponent : min_exponent;
+    int drop = e - man_bits - low_exp;
+    drop = drop < 63 ? drop : 63;
+    uint64_t quotient = significand >> drop;
+    uint64_t rest = significand & ((1ull << drop) - 1);
+    uint64_t half = 1ull << (drop - 1);
+    uint64_t round_up = (rest > half) | ((rest == half) & (quotient & 1));
+    uint64_t magnitude = ((uint64_t)(e - min_exponent) << man_bits) + quotient + round_up;
+    magnitude = magnitude < infinity ? magnitude : infinity;
+    uint64_t nan = infinity | (1ull << (man_bits - 1)) | ((abs >> (52 - man_bits)) & ((1ull << man_bits) - 1));
+    magnitude = abs > 0x7ff0000000000000ull ? nan : magnitude;
+    return (uint16_t)(sign | magnitude);
+}
+KF_INLINE _Float16 kf_f64_to_f16(double x) {
+    uint16_t b = kf_narrow_f64(x, 5, 10);
+    _Float16 h;
+    memcpy(&h, &b, 2);
+    return h;
+}
+KF_INLINE uint16_t kf_f64_to_bf16(double x) { return kf_narrow_f64(x, 8, 7); }
+
 /* ---- streaming stores (no Rust twin: they move bytes, they compute nothing) ----
  * Large outputs are written with non-temporal stores: the line is not read for ownership first
  * and does not evict the inputs from the cache. Inline assembly instead of <immintrin.h>, which
