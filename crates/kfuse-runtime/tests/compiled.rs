@@ -11,7 +11,7 @@ use kfuse_interp::CustomOps;
 use kfuse_ir::text::parse_graph;
 use kfuse_ir::{Array, DType, Graph, Op, Storage, TensorType, UnaryOp, Value};
 use kfuse_runtime::{compile_with, Backend, Executable, Options, Tier};
-use kfuse_testkit::{random_array, GraphGen, Rng};
+use kfuse_testkit::{random_array, strict_difference, Difference, GraphGen, Rng};
 
 fn cache_dir() -> PathBuf {
     std::env::temp_dir().join(format!("kfuse-test-cache-{}", std::process::id()))
@@ -48,10 +48,13 @@ fn build_optimized(graph: &Graph, numerics: Numerics) -> Executable {
     compile_with(graph, &options, &FixedCostModel::default()).expect("compiles")
 }
 
-fn same(a: &Array, b: &Array) -> Option<usize> {
-    (0..a.n_elems()).find(|&i| {
-        !(a.get_f64(i).is_nan() && b.get_f64(i).is_nan()) && a.get_bits(i) != b.get_bits(i)
-    })
+/// The first element where `got` differs from `want` under strict numerics' bit-identity: NaNs
+/// match NaNs whatever their signs and payloads, everything else bit for bit.
+fn same(got: &Array, want: &Array) -> Option<usize> {
+    match strict_difference(got, want)? {
+        Difference::Element(i) => Some(i),
+        Difference::Type => panic!("compiled {} against reference {}", got.ty(), want.ty()),
+    }
 }
 
 /// Runs compiled and reference and compares every output bit for bit.
@@ -472,6 +475,64 @@ fn f64_to_half_precision_casts_round_once_in_compiled_code() {
     );
     let x = Array::from_vec(vec![n], values).unwrap();
     check_strict_text(&text, x, "f64 -> f16, bf16");
+}
+
+#[test]
+fn nan_results_are_nans_in_both_engines_and_the_rest_is_bit_exact() {
+    // The engines may give a NaN of another sign or payload: the reference's IEEE maximum and
+    // log return +NaN (0x7fc00000) where the compiled vector forms give the CPU's default NaN
+    // (0xffc00000), and x86 arithmetic passes on whichever NaN operand comes first. Strict
+    // numerics exclude exactly that (docs/numerics.md, "What bit-identical excludes"): every
+    // NaN must be a NaN in both engines, and every other value, zeros' signs included, the
+    // same bits.
+    let n = 96;
+    let mut text =
+        format!("%x = input() name=\"x\" : f32[{n}]\n%y = input() name=\"y\" : f32[{n}]\n");
+    for op in ["log", "log2", "relu", "sqrt", "neg", "abs", "sin"] {
+        text += &format!("%{op} = {op}(%x)\noutput \"{op}\" = %{op}\n");
+    }
+    for op in ["add", "sub", "mul", "div", "max", "min", "rem"] {
+        text += &format!("%{op} = {op}(%x, %y)\noutput \"{op}\" = %{op}\n");
+    }
+    text += "%x2 = reshape(%x) shape=[6, 16]\n%s = reduce_sum(%x2) axes=[1]\n\
+             %mx = reduce_max(%x2) axes=[1]\noutput \"s\" = %s\noutput \"mx\" = %mx\n";
+    let g = parse_graph(&text).unwrap();
+    let x_values = [
+        -1.0f32,
+        f32::NAN,
+        -f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+    ];
+    let y_values = [
+        f32::INFINITY,
+        0.0,
+        -1.0,
+        f32::NAN,
+        -0.0,
+        -f32::NAN,
+        2.0,
+        f32::NEG_INFINITY,
+    ];
+    let xs: Vec<f32> = (0..n).map(|i| x_values[i % x_values.len()]).collect();
+    let ys: Vec<f32> = (0..n).map(|i| y_values[i % y_values.len()]).collect();
+    let inputs = [
+        ("x".to_string(), Array::from_vec(vec![n], xs).unwrap()),
+        ("y".to_string(), Array::from_vec(vec![n], ys).unwrap()),
+    ];
+    check_strict(&g, &inputs, "NaN results");
+    // The outputs hold NaNs, zeros of both signs and infinities, so the comparison had each
+    // case to decide.
+    let want = kfuse_interp::run(&g, &inputs, &CustomOps::new()).unwrap();
+    let all: Vec<f64> = want
+        .iter()
+        .flat_map(|(_, a)| (0..a.n_elems()).map(|i| a.get_f64(i)).collect::<Vec<_>>())
+        .collect();
+    assert!(all.iter().any(|v| v.is_nan()));
+    assert!(all.iter().any(|v| *v == 0.0 && v.is_sign_negative()));
+    assert!(all.iter().any(|v| v.is_infinite()));
 }
 
 #[test]

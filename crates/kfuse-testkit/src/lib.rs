@@ -6,7 +6,7 @@
 pub mod numerics;
 pub mod prerequisites;
 
-pub use numerics::narrowing_values;
+pub use numerics::{narrowing_values, strict_difference, Difference};
 pub use prerequisites::{has_avx512, skip, Prerequisite};
 
 use kfuse_ir::{

@@ -1,8 +1,33 @@
-//! The f64 values where narrowing casts are hardest to get right.
+//! What "bit-identical" means in strict numerics, as one comparison every test uses, and the
+//! values where narrowing casts are hardest to get right.
 
-use kfuse_ir::{bf16, f16};
+use kfuse_ir::{bf16, f16, Array};
 
 use crate::Rng;
+
+/// Where two arrays differ under strict numerics' bit-identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Difference {
+    /// The dtypes or shapes differ.
+    Type,
+    /// The first element that differs.
+    Element(usize),
+}
+
+/// Compares `got` with `want` as strict numerics promise (`docs/numerics.md`, "What
+/// bit-identical excludes"): every element bit for bit, the sign of a zero included, except that
+/// two NaNs are the same whatever their signs and payloads. A NaN against a number differs.
+pub fn strict_difference(got: &Array, want: &Array) -> Option<Difference> {
+    if got.ty() != want.ty() {
+        return Some(Difference::Type);
+    }
+    (0..got.n_elems())
+        .find(|&i| {
+            let both_nan = got.get_f64(i).is_nan() && want.get_f64(i).is_nan();
+            !both_nan && got.get_bits(i) != want.get_bits(i)
+        })
+        .map(Difference::Element)
+}
 
 /// `n` f64 values at and around the rounding ties of f16 and bf16 (the midpoints between
 /// neighbouring values, where rounding twice goes wrong), in every binade of both formats, the
@@ -65,6 +90,51 @@ fn finite_pattern(rng: &mut Rng, infinity: u16, normal: u16) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn f32_array(values: &[f32]) -> Array {
+        Array::from_vec(vec![values.len()], values.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn nans_match_whatever_their_sign_and_payload() {
+        let quiet = f32::from_bits(0x7fc0_0000);
+        let negative = f32::from_bits(0xffc0_0000);
+        let payload = f32::from_bits(0x7f80_0001);
+        let a = f32_array(&[quiet, negative, payload, 1.0]);
+        let b = f32_array(&[negative, payload, quiet, 1.0]);
+        assert_eq!(strict_difference(&a, &b), None);
+        let halves = |bits: &[u16]| {
+            let v: Vec<f16> = bits.iter().map(|&b| f16::from_bits(b)).collect();
+            Array::from_vec(vec![v.len()], v).unwrap()
+        };
+        assert_eq!(
+            strict_difference(&halves(&[0x7e00, 0x7c01]), &halves(&[0xfe00, 0xfd00])),
+            None
+        );
+    }
+
+    #[test]
+    fn everything_else_must_match_bit_for_bit() {
+        let a = f32_array(&[1.0, 0.0, f32::NAN]);
+        // The sign of zero counts.
+        let b = f32_array(&[1.0, -0.0, f32::NAN]);
+        assert_eq!(strict_difference(&a, &b), Some(Difference::Element(1)));
+        // A NaN against a number or an infinity differs.
+        let c = f32_array(&[1.0, 0.0, f32::INFINITY]);
+        assert_eq!(strict_difference(&a, &c), Some(Difference::Element(2)));
+        assert_eq!(strict_difference(&c, &a), Some(Difference::Element(2)));
+        // One unit in the last place differs.
+        let d = f32_array(&[f32::from_bits(0x3f80_0001), 0.0, f32::NAN]);
+        assert_eq!(strict_difference(&d, &a), Some(Difference::Element(0)));
+        // Another dtype differs, even with equal values.
+        let e = Array::from_vec(vec![3], vec![1.0f64, 0.0, f64::NAN]).unwrap();
+        assert_eq!(strict_difference(&e, &a), Some(Difference::Type));
+        let ints = |v: Vec<i32>| Array::from_vec(vec![v.len()], v).unwrap();
+        assert_eq!(
+            strict_difference(&ints(vec![0, -1]), &ints(vec![0, 1])),
+            Some(Difference::Element(1))
+        );
+    }
 
     #[test]
     fn narrowing_values_sit_on_and_beside_the_ties() {
