@@ -841,6 +841,182 @@ fn fast_mode_stays_within_its_error_bound() {
     }
 }
 
+/// Values around `center` in `dtype`: the neighbouring patterns on either side, and a spread
+/// of `center * (1 + k / 256)` for |k| <= 64.
+fn values_around(center: f64, dtype: DType) -> Array {
+    let mut values = Vec::new();
+    for k in -64i32..=64 {
+        values.push(center * (1.0 + k as f64 / 256.0));
+    }
+    let near = match dtype {
+        DType::F64 => (-2000i64..=2000)
+            .map(|k| f64::from_bits((center.to_bits() as i64 + k) as u64))
+            .collect::<Vec<_>>(),
+        DType::F32 => (-2000i64..=2000)
+            .map(|k| f32::from_bits(((center as f32).to_bits() as i64 + k) as u32) as f64)
+            .collect(),
+        // The 16-bit formats step through f32 patterns 2^16 apart.
+        _ => (-64i64..=64)
+            .map(|k| f32::from_bits(((center as f32).to_bits() as i64 + (k << 16)) as u32) as f64)
+            .collect(),
+    };
+    values.extend(near);
+    let x = Array::from_vec(vec![values.len()], values).unwrap();
+    kfuse_interp::elementwise::cast(&x, dtype)
+}
+
+/// Units in the last place of `dtype` at `v`; subnormals count the smallest unit.
+fn ulp_of(v: f64, dtype: DType) -> f64 {
+    let (min_normal, eps) = match dtype {
+        DType::F64 => (f64::MIN_POSITIVE, f64::EPSILON),
+        DType::F32 => (f32::MIN_POSITIVE as f64, f32::EPSILON as f64),
+        DType::F16 => (6.103515625e-5, 2f64.powi(-10)),
+        _ => (f32::MIN_POSITIVE as f64, 2f64.powi(-7)),
+    };
+    v.abs().max(min_normal) * eps
+}
+
+/// How far, in units of the last place, fast numerics may take `op` at `x` from strict
+/// (docs/numerics.md): 4 units, and for GELU's tanh form in f64 below zero `4 + 4 |u2|`, as its
+/// tail `x e^u2` turns the absolute error of `u2` into a relative one.
+fn fast_bound_units(op: UnaryOp, dtype: DType, x: f64) -> f64 {
+    if op == UnaryOp::GeluTanh && dtype == DType::F64 && x < 0.0 {
+        let u2 = 1.5957691216057308 * (x + 0.044715 * x * x * x);
+        4.0 + 4.0 * u2.abs()
+    } else {
+        4.0
+    }
+}
+
+/// Runs `ops` on `x` compiled in fast numerics and checks every result against the reference
+/// within [`fast_bound_units`]; non-finite reference results must be matched exactly (NaN by
+/// NaN). The values run twice: all at once, where the kernel runs 16-lane bodies if it has
+/// them, and in runs of 15, where it runs the scalar loop, which the compiler rewrites on its
+/// own terms. Returns one line per op and way that left the bound.
+fn fast_unary_failures(dtype: DType, ops: &[UnaryOp], x: &Array, what: &str) -> Vec<String> {
+    let n = x.n_elems();
+    let g = unary_graph(dtype, ops, n);
+    let inputs = [("x".to_string(), x.clone())];
+    let want = kfuse_interp::run(&g, &inputs, &CustomOps::new()).unwrap();
+    let (at_once, _) = build(&g, Numerics::Fast)
+        .run(&inputs, &CustomOps::new())
+        .unwrap();
+    let at_once: Vec<Vec<f64>> = at_once
+        .iter()
+        .map(|(_, a)| (0..n).map(|i| a.get_f64(i)).collect())
+        .collect();
+    let short = build(&unary_graph(dtype, ops, 15), Numerics::Fast);
+    let values: Vec<f64> = (0..n).map(|i| x.get_f64(i)).collect();
+    let mut in_runs = vec![Vec::with_capacity(n); ops.len()];
+    for run in values.chunks(15) {
+        let mut part = run.to_vec();
+        part.resize(15, run[0]);
+        let part = Array::from_vec(vec![15], part).unwrap();
+        let part = kfuse_interp::elementwise::cast(&part, dtype);
+        let (out, _) = short
+            .run(&[("x".to_string(), part)], &CustomOps::new())
+            .unwrap();
+        for (column, (_, o)) in in_runs.iter_mut().zip(&out) {
+            column.extend((0..run.len()).map(|i| o.get_f64(i)));
+        }
+    }
+    let mut failures = Vec::new();
+    for (layout, results) in [("at once", at_once), ("in runs of 15", in_runs)] {
+        for ((&op, fast), (_, want)) in ops.iter().zip(&results).zip(&want) {
+            let (mut outside, mut worst) = (0, (0.0f64, 0.0f64, 0.0f64, 0.0f64));
+            for (i, &fv) in fast.iter().enumerate() {
+                let (xi, wv) = (values[i], want.get_f64(i));
+                let off = (wv - fv).abs() / ulp_of(wv, dtype);
+                let within = if wv.is_finite() {
+                    fv.is_finite() && off <= fast_bound_units(op, dtype, xi)
+                } else {
+                    wv.is_nan() && fv.is_nan() || wv == fv
+                };
+                if !within {
+                    outside += 1;
+                    if off.is_nan() || off > worst.0 {
+                        worst = (off, xi, fv, wv);
+                    }
+                }
+            }
+            if outside > 0 {
+                let (off, xi, fv, wv) = worst;
+                failures.push(format!(
+                    "{} {dtype} {what} {layout}: {outside} of {n} outside, the worst {off:.1} \
+                     ULP at {xi:e} (fast {fv:e}, strict {wv:e})",
+                    op.name(),
+                ));
+            }
+        }
+    }
+    failures
+}
+
+#[test]
+fn fast_unary_ops_stay_within_the_documented_bound() {
+    let mut failures = Vec::new();
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+        let ops: Vec<UnaryOp> = FLOAT_UNARY
+            .iter()
+            .copied()
+            .filter(|u| dtype != DType::F64 || !matches!(u, UnaryOp::Erf | UnaryOp::Gelu))
+            .collect();
+        failures.extend(fast_unary_failures(
+            dtype,
+            &ops,
+            &sweep(dtype),
+            "over the sweep",
+        ));
+    }
+    assert!(failures.is_empty(), "outside the bound: {failures:#?}");
+}
+
+#[test]
+fn fast_transcendentals_stay_within_the_bound_where_reassociation_bites() {
+    // Each point once left the bound in fast mode: log1p(x) for small x, whose correction
+    // (1 + x) - 1 was cancelled into x; softplus, through log1p(e^x); exp, expm1 and exp2 near
+    // overflow, whose two-step scaling by 2^k became one by 2^128, and far from zero, whose
+    // Cody-Waite reduction was reordered; sine and cosine of large arguments, the same; and the
+    // far negative tail of GELU's tanh form in f64, e^u2 with |u2| in the hundreds.
+    let cases: &[(UnaryOp, DType, f64)] = &[
+        (UnaryOp::Log1p, DType::F32, 1e-7),
+        (UnaryOp::Log1p, DType::F32, -3e-6),
+        (UnaryOp::Log1p, DType::F32, 0.3),
+        (UnaryOp::Log1p, DType::F32, -0.3),
+        (UnaryOp::Log1p, DType::BF16, 2e-5),
+        (UnaryOp::Softplus, DType::F32, -16.5),
+        (UnaryOp::Softplus, DType::F32, -9.0),
+        (UnaryOp::Softplus, DType::BF16, -16.5),
+        (UnaryOp::Softplus, DType::F16, -9.0),
+        (UnaryOp::Exp, DType::F32, 88.5),
+        (UnaryOp::Exp, DType::F32, 88.7),
+        (UnaryOp::Exp, DType::F32, -87.5),
+        (UnaryOp::Expm1, DType::F32, 88.5),
+        (UnaryOp::Expm1, DType::F32, 88.7),
+        (UnaryOp::Exp2, DType::BF16, 127.5),
+        (UnaryOp::Exp2, DType::F32, 127.9),
+        (UnaryOp::Exp2, DType::F32, -126.5),
+        (UnaryOp::Sigmoid, DType::F32, -88.5),
+        (UnaryOp::Tanh, DType::F32, 44.0),
+        (UnaryOp::Sin, DType::F32, 3.5854532e7),
+        (UnaryOp::Cos, DType::F32, 1.79740096e8),
+        (UnaryOp::GeluTanh, DType::F64, -20.63),
+        (UnaryOp::GeluTanh, DType::F64, -5.0),
+        (UnaryOp::GeluTanh, DType::F32, -9.5),
+    ];
+    let mut failures = Vec::new();
+    for &(op, dtype, center) in cases {
+        let x = values_around(center, dtype);
+        failures.extend(fast_unary_failures(
+            dtype,
+            &[op],
+            &x,
+            &format!("around {center:e}"),
+        ));
+    }
+    assert!(failures.is_empty(), "outside the bound: {failures:#?}");
+}
+
 #[test]
 fn c_header_constants_match_the_rust_definitions() {
     // The erf tables exist twice (Rust and C); a digit typed wrong in either breaks strict mode
