@@ -46,10 +46,12 @@ fn wide(x: &str, d: DType) -> String {
     }
 }
 
-/// A computed float `e` narrowed back to storage dtype `d`.
+/// A computed float `e` narrowed back to storage dtype `d`. Both 16-bit formats round in
+/// integer steps of `kfuse_math.h`: a C cast to `_Float16` is not kept by every compiler (see
+/// `kf_f32_to_f16_bits`).
 fn narrow(e: String, d: DType) -> String {
     match d {
-        DType::F16 => format!("((_Float16)({e}))"),
+        DType::F16 => format!("kf_f32_to_f16({e})"),
         DType::BF16 => format!("kf_f32_to_bf16({e})"),
         _ => e,
     }
@@ -228,13 +230,12 @@ fn cast(x: &str, from: DType, to: DType) -> Result<String, Unsupported> {
         return Ok(match to {
             DType::F32 => format!("(float){xw}"),
             DType::F64 => format!("(double){xw}"),
-            DType::F16 => format!("(_Float16){xw}"),
-            DType::BF16 if from == DType::F64 => {
-                return Err(Unsupported(
-                    "f64 to bf16 rounds once in the interpreter; C has no such conversion".into(),
-                ))
-            }
-            DType::BF16 => format!("kf_f32_to_bf16((float){xw})"),
+            // From f64 both round once, straight from the double (a C conversion to _Float16
+            // may go through float); from f32 the one rounding is the narrowing itself.
+            DType::F16 if from == DType::F64 => format!("kf_f64_to_f16({xw})"),
+            DType::BF16 if from == DType::F64 => format!("kf_f64_to_bf16({xw})"),
+            DType::F16 => narrow(format!("(float){xw}"), DType::F16),
+            DType::BF16 => narrow(format!("(float){xw}"), DType::BF16),
             DType::I32 => format!("kf_f2i32((double){xw})"),
             DType::I64 => format!("kf_f2i64((double){xw})"),
             DType::U8 => format!("kf_f2u8((double){xw})"),
@@ -244,10 +245,9 @@ fn cast(x: &str, from: DType, to: DType) -> Result<String, Unsupported> {
     // Integers and bool: through i64, wrapping to integer targets, rounding to float ones.
     let i = format!("(int64_t){x}");
     Ok(match to {
-        DType::F32 => format!("(float){i}"),
-        DType::F64 => format!("(double){i}"),
-        DType::F16 => format!("(_Float16)(float){i}"),
-        DType::BF16 => format!("kf_f32_to_bf16((float){i})"),
+        DType::F32 => format!("kf_i64_to_f32({i})"),
+        DType::F64 => format!("kf_i64_to_f64({i})"),
+        DType::F16 | DType::BF16 => narrow(format!("kf_i64_to_f32({i})"), to),
         DType::I32 => format!("(int32_t){i}"),
         DType::I64 => i,
         DType::U8 => format!("(uint8_t){i}"),

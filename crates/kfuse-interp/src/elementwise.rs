@@ -325,13 +325,22 @@ pub fn cast(x: &Array, to: DType) -> Array {
         let v = v.as_slice();
         match target {
             DType::F32 => {
-                // An f64 source narrowed to f16/bf16 must round once, straight from f64.
+                // An f64 source narrowed to f16/bf16 must round once, straight from f64
+                // (kfuse-math's own conversion: `half`'s `from_f64` rounds through f32).
                 if to != DType::F32 && S::DTYPE == DType::F64 {
                     let data = v.iter().map(|&x| x.to_f64());
                     let storage = if to == DType::F16 {
-                        Storage::F16(data.map(kfuse_ir::f16::from_f64).collect())
+                        Storage::F16(
+                            data.map(|x| kfuse_ir::f16::from_bits(kfuse_math::f16_bits_from_f64(x)))
+                                .collect(),
+                        )
                     } else {
-                        Storage::BF16(data.map(kfuse_ir::bf16::from_f64).collect())
+                        Storage::BF16(
+                            data.map(|x| {
+                                kfuse_ir::bf16::from_bits(kfuse_math::bf16_bits_from_f64(x))
+                            })
+                            .collect(),
+                        )
                     };
                     return Array::new(shape.clone(), storage).expect("same length");
                 }

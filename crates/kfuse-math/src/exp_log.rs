@@ -290,7 +290,12 @@ pub fn log1p_f32(x: f32) -> f32 {
             f32::NAN
         };
     }
-    log_f32(u) * (x / (u - 1.0))
+    // u - 1, exactly: where the split's exponent is 0, its f is that same subtraction of the
+    // same bits. The C port takes it from there so that fast numerics, which would cancel
+    // (1 + x) - 1 into x, cannot see where it came from.
+    let (e, f) = split_log(u);
+    let u_minus_1 = if e == 0.0 { f } else { u - 1.0 };
+    log_f32(u) * (x / u_minus_1)
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@
 //!   so they vectorize); every bound is in `docs/numerics.md` and checked by tests.
 //! * `f64` transcendentals use the platform's `f64` libm (and the `libm` crate for `erf`).
 //! * Scalar semantics shared by all dtypes: IEEE 754-2019 `maximum`/`minimum`, numpy remainder and
-//!   floor division, saturating casts.
+//!   floor division, saturating casts, and `f64` narrowed to `f16`/`bf16` with one rounding
+//!   ([`f16_bits_from_f64`], [`bf16_bits_from_f64`]).
 //! * [`philox4x32`]: the counter-based generator behind the `rng` op.
 
 // Polynomial coefficients keep the digits they were published or fitted with.
@@ -20,6 +21,7 @@
 pub mod accuracy;
 mod erf;
 mod exp_log;
+mod narrow;
 mod rng;
 mod scalar;
 mod trig;
@@ -32,6 +34,7 @@ pub use exp_log::{
     exp2_f32, exp_f32, exp_f32_of_f64, expm1_f32, log1p_f32, log2_f32, log_f32, EXP_POLY_F32,
     LN2_HI_F32, LN2_LO_F32, LOG2_E_F32,
 };
+pub use narrow::{bf16_bits_from_f64, f16_bits_from_f64};
 pub use rng::{normal_f32, normal_f64, philox4x32, uniform_f32, uniform_f64};
 pub use scalar::{
     floor_div_i64, maximum_f32, maximum_f64, minimum_f32, minimum_f64, pow_f32, rem_f32, rem_f64,

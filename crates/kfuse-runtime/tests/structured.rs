@@ -1086,9 +1086,9 @@ fn structured_convolutions_are_bit_exact_in_strict_mode() {
         let exe = build(&graph, Numerics::Strict);
         let (got, _) = exe.run(&inputs, &CustomOps::new()).unwrap();
         for ((name, w), (_, g)) in want.iter().zip(&got) {
-            let same = (0..w.n_elems()).all(|i| w.get_f64(i).to_bits() == g.get_f64(i).to_bits());
-            assert!(
-                same,
+            assert_eq!(
+                kfuse_testkit::strict_difference(g, w),
+                None,
                 "program {k}: {name} differs from the reference\n{text}"
             );
         }

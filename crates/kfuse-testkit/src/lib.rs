@@ -3,8 +3,10 @@
 //! every failure replays. Tests that need something of the machine skip through
 //! [`prerequisites::skip`], which shows in `cargo test`'s output and fails in CI.
 
+pub mod numerics;
 pub mod prerequisites;
 
+pub use numerics::{narrowing_values, strict_difference, Difference};
 pub use prerequisites::{has_avx512, skip, Prerequisite};
 
 use kfuse_ir::{

@@ -11,7 +11,7 @@ use kfuse::{
     where_, Array, Compiled, Context, DType, Error, FixedCostModel, Numerics, Options, Shape,
     Storage, Tensor, TensorType,
 };
-use kfuse_testkit::{bounded_array, random_array, Rng};
+use kfuse_testkit::{bounded_array, random_array, strict_difference, Difference, Rng};
 
 /// Builds a program's named outputs from its inputs.
 type Builder = fn(&Context, &[Tensor]) -> Vec<(&'static str, Tensor)>;
@@ -146,14 +146,17 @@ fn values(array: &Array) -> Vec<f64> {
     }
 }
 
-/// Bit equality as strict numerics promise it: NaN matches NaN (payloads aside), and
+/// Bit equality as strict numerics promise it: NaN matches NaN (signs and payloads aside), and
 /// everything else, the sign of zero included, matches exactly.
 fn assert_identical(got: &Array, want: &Array, what: &str) {
-    assert_eq!(got.ty(), want.ty(), "{what}");
-    let (g, w) = (values(got), values(want));
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        let same = (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits();
-        assert!(same, "{what}[{i}]: compiled {a:e}, reference {b:e}");
+    match strict_difference(got, want) {
+        None => {}
+        Some(Difference::Type) => panic!("{what}: compiled {}, reference {}", got.ty(), want.ty()),
+        Some(Difference::Element(i)) => panic!(
+            "{what}[{i}]: compiled {:e}, reference {:e}",
+            got.get_f64(i),
+            want.get_f64(i)
+        ),
     }
 }
 

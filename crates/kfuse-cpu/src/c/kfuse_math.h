@@ -30,11 +30,24 @@ KF_INLINE double kf_f64_from_bits(uint64_t b) { double f; memcpy(&f, &b, 8); ret
 #define KF_EXP_MAX 88.72284f
 #define KF_EXP_MIN (-103.97208f)
 
+/* x - k ln2_hi, the first step of Cody-Waite's reduction, as one fused multiply-add. The step
+ * is exact (k ln2_hi has at most 17 significant bits, and the difference is a multiple of x's
+ * unit smaller than 0.5), so the fused form gives the bits of exp_log.rs's separate product and
+ * difference. Unlike them, it cannot be reordered after the inexact second step, which fast
+ * numerics did: (x - k ln2_lo) - k ln2_hi rounds x first, and exp(-87.5) came out 22 units off. */
+KF_INLINE float kf_reduce_hi(float x, float k) { return __builtin_fmaf(-k, KF_LN2_HI, x); }
+
 KF_INLINE float kf_pow2i(int32_t n) { return kf_f32_from_bits(((uint32_t)(n + 127)) << 23); }
 
+/* y 2^k for the reduced exponential y (in [0.7, 1.42]) and k in [-160, 129], as scale() in
+ * exp_log.rs computes y * 2^k1 * 2^(k - k1), k1 = k >> 1. Its first product is exact, as y 2^k1
+ * stays normal, so here it is an integer addition to y's exponent field, which gives the same
+ * bits; the second multiplication rounds once in both. Not two float multiplications: fast
+ * numerics reassociate them into y * 2^k, and 2^128 overflows where exp(88.5) does not. */
 KF_INLINE float kf_scale(float y, int32_t k) {
     int32_t k1 = k >> 1;
-    return y * kf_pow2i(k1) * kf_pow2i(k - k1);
+    float t = kf_f32_from_bits(kf_f32_bits(y) + ((uint32_t)k1 << 23));
+    return t * kf_pow2i(k - k1);
 }
 
 /* Polynomials shared by the scalar and 16-lane forms (the same expression on float and on
@@ -70,7 +83,7 @@ KF_INLINE float kf_exp(float x) {
     float xc = x > -110.0f ? x : -110.0f;
     xc = xc < 89.0f ? xc : 89.0f;
     float k = rintf(xc * KF_LOG2_E);
-    float r = xc - k * KF_LN2_HI - k * KF_LN2_LO;
+    float r = kf_reduce_hi(xc, k) - k * KF_LN2_LO;
     float v = kf_scale(kf_exp_reduced(r), (int32_t)k);
     return x != x ? x : v;
 }
@@ -91,7 +104,7 @@ KF_INLINE float kf_expm1(float x) {
                  + 1.0f / 24.0f) * x + 1.0f / 6.0f) * x + 0.5f) * (x * x);
     float small = x + p;
     float k = rintf(x * KF_LOG2_E);
-    float r = x - k * KF_LN2_HI - k * KF_LN2_LO;
+    float r = kf_reduce_hi(x, k) - k * KF_LN2_LO;
     float t = kf_pow2i(kf_round_i32(k, -126.0f, 127.0f));
     float em1 = r + r * r * kf_exp_poly(r);
     float v = (t - 1.0f) + t * em1;
@@ -144,9 +157,19 @@ KF_INLINE float kf_log2(float x) {
     return kf_log_special(x, e + ln_m * KF_LOG2_E);
 }
 
+/* u - 1 for u = 1 + x: where log's split of u has exponent 0 (u in [sqrt(1/2), sqrt(2))), its
+ * f is u - 1, the same subtraction of the same bits; elsewhere u - 1 itself. The split hides
+ * from the compiler that f came from 1 + x, so fast numerics cannot cancel (1 + x) - 1 into x,
+ * which drops the correction for the rounding of 1 + x (log1p(1e-7) came out 1.19e-7). Where
+ * the split's exponent is not 0, |x| > 0.29, and dropping the correction there moves the result
+ * by at most about two units in its last place, within fast numerics' bound. */
+KF_INLINE float kf_log1p_u_minus_1(float u, float e, float f) { return e == 0.0f ? f : u - 1.0f; }
+
 KF_INLINE float kf_log1p(float x) {
     float u = 1.0f + x;
-    float v = kf_log(u) * (x / (u - 1.0f));
+    float e, f;
+    kf_split_log(u, &e, &f);
+    float v = kf_log(u) * (x / kf_log1p_u_minus_1(u, e, f));
     v = u <= 0.0f ? (u == 0.0f ? -INFINITY : NAN) : v;
     v = u == 1.0f ? x : v;
     v = x == INFINITY ? x : v;
@@ -198,12 +221,14 @@ static __attribute__((noinline)) double kf_reduce_large(float x, uint32_t *n_out
     return frac * KF_PI_2;
 }
 
-/* Cody-Waite reduction of 0 <= ax < 2e8. */
+/* Cody-Waite reduction of 0 <= ax < 2e8. Its first step is exact (n < 2^27 and KF_PIO2_1 has
+ * 25 significant bits), so, as in kf_reduce_hi, one fused multiply-add gives trig.rs's bits and
+ * keeps fast numerics from rounding xd - n pio2_1t first (sin(3.585e7) came out 40 units off). */
 KF_INLINE double kf_reduce_small(float ax, uint32_t *n_out) {
     double xd = (double)ax;
     double n = rint(xd * KF_INV_PIO2);
     *n_out = (uint32_t)((int64_t)n & 3);
-    return xd - n * KF_PIO2_1 - n * KF_PIO2_1T;
+    return __builtin_fma(-n, KF_PIO2_1, xd) - n * KF_PIO2_1T;
 }
 
 KF_INLINE double kf_reduce(float ax, uint32_t *n_out) {
@@ -435,6 +460,19 @@ KF_INLINE int32_t kf_f2i32(double x) { return x != x ? 0 : (x >= 2147483647.0 ? 
 KF_INLINE int64_t kf_f2i64(double x) { return x != x ? 0 : (x >= 9223372036854775807.0 ? INT64_MAX : (x <= -9223372036854775808.0 ? INT64_MIN : (int64_t)x)); }
 KF_INLINE uint8_t kf_f2u8(double x) { return x != x ? 0 : (x >= 255.0 ? 255 : (x <= 0.0 ? 0 : (uint8_t)x)); }
 
+/* Integer to float, with the sign taken from the integer. Under -fno-trapping-math GCC folds a
+ * float -> integer -> float pair into one trunc, which keeps the sign of x in (-1, 0): -0, where
+ * the integer 0 converts to +0. Every integer converts to a float of its own sign, so setting
+ * the sign bit from the integer changes no result, and no fold sees through it. */
+KF_INLINE float kf_i64_to_f32(int64_t v) {
+    uint32_t sign = (uint32_t)((uint64_t)v >> 63) << 31;
+    return kf_f32_from_bits((kf_f32_bits((float)v) & 0x7fffffffu) | sign);
+}
+KF_INLINE double kf_i64_to_f64(int64_t v) {
+    uint64_t sign = ((uint64_t)v >> 63) << 63;
+    return kf_f64_from_bits((kf_f64_bits((double)v) & 0x7fffffffffffffffull) | sign);
+}
+
 /* bfloat16 as raw bits, rounded to nearest even like the `half` crate. */
 KF_INLINE float kf_bf16_to_f32(uint16_t b) { return kf_f32_from_bits((uint32_t)b << 16); }
 KF_INLINE uint16_t kf_f32_to_bf16(float v) {
@@ -443,6 +481,74 @@ KF_INLINE uint16_t kf_f32_to_bf16(float v) {
     uint32_t round_bit = 0x00008000u;
     return ((x & round_bit) != 0 && (x & (3 * round_bit - 1)) != 0) ? (uint16_t)((x >> 16) + 1) : (uint16_t)(x >> 16);
 }
+
+/* f32 narrowed to binary16 bits, rounded to nearest even (what vcvtps2ph and the `half` crate
+ * give; all 2^32 inputs checked once, NaN payloads included), in integer steps. Not a C cast:
+ * GCC 12 targeting AVX512-FP16 drops a float -> _Float16 -> float round trip inside a loop,
+ * with or without -fexcess-precision=standard, so f16 results would keep f32 precision. */
+KF_INLINE uint16_t kf_f32_to_f16_bits(float v) {
+    uint32_t x = kf_f32_bits(v);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t a = x & 0x7fffffffu;
+    /* Normal results: rebias the exponent and round the 13 dropped bits to nearest even; a
+     * carry moves into the exponent, and everything from 65520 up becomes infinity. */
+    uint32_t normal = (a - 0x38000000u + 0x0fffu + ((a >> 13) & 1u)) >> 13;
+    normal = normal < 0x7c00u ? normal : 0x7c00u;
+    /* Results below 2^-14 count units of 2^-24: the significand, implicit bit included, shifted
+     * right by 126 - e and rounded to nearest even (31 places and more leave less than half a
+     * unit; the shift is clamped so that it stays defined for lanes that take the other arm). */
+    int32_t shift = 126 - (int32_t)(a >> 23);
+    shift = shift > 14 ? (shift < 31 ? shift : 31) : 14;
+    uint32_t m = (a & 0x007fffffu) | 0x00800000u;
+    uint32_t q = m >> shift;
+    uint32_t rest = m & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1);
+    uint32_t subnormal = q + ((rest > half) | ((rest == half) & q & 1u));
+    uint32_t r = a < 0x38800000u ? subnormal : normal;
+    r = a > 0x7f800000u ? (0x7e00u | ((a >> 13) & 0x3ffu)) : r;
+    return (uint16_t)(sign | r);
+}
+KF_INLINE _Float16 kf_f32_to_f16(float v) {
+    uint16_t b = kf_f32_to_f16_bits(v);
+    _Float16 h;
+    memcpy(&h, &b, 2);
+    return h;
+}
+
+/* f64 narrowed to f16 or bf16 with one rounding (narrow_f64 in narrow.rs, the same integer
+ * steps): a C conversion from double to _Float16 may go through float, and there is none to
+ * bf16. exp_bits and man_bits describe the target format. */
+KF_INLINE uint16_t kf_narrow_f64(double x, int exp_bits, int man_bits) {
+    uint64_t bits = kf_f64_bits(x);
+    uint64_t sign = (bits >> 63) << (exp_bits + man_bits);
+    uint64_t abs = bits & 0x7fffffffffffffffull;
+    uint64_t infinity = ((1ull << exp_bits) - 1) << man_bits;
+    int biased = (int)(abs >> 52);
+    uint64_t fraction = abs & ((1ull << 52) - 1);
+    uint64_t significand = biased == 0 ? fraction : fraction | (1ull << 52);
+    int low_exp = biased == 0 ? -1074 : biased - 1075;
+    int exponent = low_exp + 63 - __builtin_clzll(significand | 1);
+    int min_exponent = 2 - (1 << (exp_bits - 1));
+    int e = exponent > min_exponent ? exponent : min_exponent;
+    int drop = e - man_bits - low_exp;
+    drop = drop < 63 ? drop : 63;
+    uint64_t quotient = significand >> drop;
+    uint64_t rest = significand & ((1ull << drop) - 1);
+    uint64_t half = 1ull << (drop - 1);
+    uint64_t round_up = (rest > half) | ((rest == half) & (quotient & 1));
+    uint64_t magnitude = ((uint64_t)(e - min_exponent) << man_bits) + quotient + round_up;
+    magnitude = magnitude < infinity ? magnitude : infinity;
+    uint64_t nan = infinity | (1ull << (man_bits - 1)) | ((abs >> (52 - man_bits)) & ((1ull << man_bits) - 1));
+    magnitude = abs > 0x7ff0000000000000ull ? nan : magnitude;
+    return (uint16_t)(sign | magnitude);
+}
+KF_INLINE _Float16 kf_f64_to_f16(double x) {
+    uint16_t b = kf_narrow_f64(x, 5, 10);
+    _Float16 h;
+    memcpy(&h, &b, 2);
+    return h;
+}
+KF_INLINE uint16_t kf_f64_to_bf16(double x) { return kf_narrow_f64(x, 8, 7); }
 
 /* ---- streaming stores (no Rust twin: they move bytes, they compute nothing) ----
  * Large outputs are written with non-temporal stores: the line is not read for ownership first
@@ -616,6 +722,7 @@ typedef unsigned short kf_m16;
 #define KF_FIXUPIMM(a, b, table) \
     ((kf_f32x16)_mm512_fixupimm_ps((__m512)(a), (__m512)(b), (__m512i)(table), 0))
 #define KF_STREAM_PS(d, v) _mm512_stream_ps(d, (__m512)(v))
+#define KF_FMADD(a, b, c) ((kf_f32x16)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
 #else
 #define KF_ALL ((kf_m16)-1)
 #define KF_CUR 4 /* _MM_FROUND_CUR_DIRECTION */
@@ -632,6 +739,7 @@ typedef unsigned short kf_m16;
 #define KF_GETMANT(x) __builtin_ia32_getmantps512_mask(x, 0, x, KF_ALL, KF_CUR)
 #define KF_FIXUPIMM(a, b, table) __builtin_ia32_fixupimmps512_mask(a, b, table, 0, KF_ALL, KF_CUR)
 #define KF_STREAM_PS(d, v) __builtin_ia32_movntps512(d, v)
+#define KF_FMADD(a, b, c) __builtin_ia32_vfmaddps512_mask(a, b, c, KF_ALL, KF_CUR)
 #endif
 KF_INLINE kf_f32x16 kf_vrint(kf_f32x16 x) { return KF_ROUNDSCALE(x, 0x08); }
 KF_INLINE kf_f32x16 kf_vfloor(kf_f32x16 x) { return KF_ROUNDSCALE(x, 0x09); }
@@ -660,7 +768,7 @@ KF_INLINE kf_f32x16 kf_vrelu(kf_f32x16 x) { return kf_vmaxps(kf_vsplat(0.0f), x)
 KF_INLINE kf_f32x16 kf_vexp(kf_f32x16 x) {
     kf_f32x16 xc = kf_vminps(kf_vsplat(89.0f), kf_vmaxps(kf_vsplat(-110.0f), x));
     kf_f32x16 k = kf_vrint(xc * KF_LOG2_E);
-    kf_f32x16 r = xc - k * KF_LN2_HI - k * KF_LN2_LO;
+    kf_f32x16 r = KF_FMADD(-k, kf_vsplat(KF_LN2_HI), xc) - k * KF_LN2_LO; /* kf_reduce_hi */
     return KF_SCALEF(kf_vexp_reduced(r), k);
 }
 KF_INLINE kf_f32x16 kf_vexp2(kf_f32x16 x) {
@@ -738,7 +846,10 @@ KF_INLINE kf_f32x16 kf_vlog2(kf_f32x16 x) {
 }
 KF_INLINE kf_f32x16 kf_vlog1p(kf_f32x16 x) {
     kf_f32x16 u = 1.0f + x;
-    kf_f32x16 v = kf_vlog(u) * (x / (u - 1.0f));
+    kf_f32x16 e, f;
+    kf_vsplit_log(u, &e, &f);
+    /* kf_log1p_u_minus_1 on 16 lanes. */
+    kf_f32x16 v = kf_vlog(u) * (x / kf_vsel(e == 0.0f, f, u - 1.0f));
     v = kf_vsel(u <= 0.0f, kf_vsel(u == 0.0f, kf_vsplat(-INFINITY), kf_vsplat(NAN)), v);
     v = kf_vsel(u == 1.0f, x, v);
     v = kf_vsel(x == INFINITY, x, v);
