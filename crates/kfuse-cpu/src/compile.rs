@@ -10,10 +10,11 @@
 //! symbolic link, is refused with a message). Every object has a tag beside it: a SipHash-2-4
 //! MAC of its cache key and bytes under a random secret kept in the directory (mode 0600).
 //! An object whose tag is missing or wrong (truncated, corrupt, another kernel's object under
-//! this name, or one planted by hand) is never loaded: it is rebuilt. Each compilation writes its
-//! source and object under names unique to the process and thread, created exclusively, and
-//! renames the synced object into place after its tag, so concurrent compilations of one kernel
-//! never read each other's half-written files.
+//! this name, or one planted by hand) is never loaded: it is rebuilt. Each compilation passes
+//! its source to the compiler on standard input (so the object's bytes depend on the source
+//! alone), writes the object under a name unique to the process and thread, and renames the
+//! synced object into place after its tag, so concurrent compilations of one kernel never read
+//! each other's half-written files and always install matching objects and tags.
 
 use std::ffi::c_void;
 use std::hash::{Hash, Hasher};
@@ -465,22 +466,41 @@ impl Compiler {
         Ok((Arc::new(library), object, outcome))
     }
 
-    /// Compiles `source` into the cache as `entry`: source and object under names unique to
-    /// this thread, the object synced, then its tag and the object renamed into place.
+    /// Compiles `source` into the cache as `entry`: the source goes to the compiler on its
+    /// standard input, so that the object's bytes depend on the source alone (a file name would
+    /// be recorded in it) and concurrent builds of one kernel install identical objects; the
+    /// object is written under a name unique to this thread, synced, and moved into place after
+    /// its tag.
     fn build(&self, entry: &str, source: &str, numerics: Numerics) -> Result<(), String> {
-        let suffix = unique_suffix();
-        let c_file = self.cache_dir.join(format!("{entry}.{suffix}.c"));
-        let tmp = self.cache_dir.join(format!("{entry}.{suffix}.so.tmp"));
-        write_new(&c_file, source.as_bytes())?;
-        let out = Command::new(&self.program)
+        use std::io::Write;
+        let tmp = self
+            .cache_dir
+            .join(format!("{entry}.{}.so.tmp", unique_suffix()));
+        let child = Command::new(&self.program)
             .args(COMMON_FLAGS)
             .args(numerics.flags())
             .arg("-o")
             .arg(&tmp)
-            .arg(&c_file)
-            .arg("-lm")
-            .output();
-        let _ = std::fs::remove_file(&c_file);
+            .args(["-x", "c", "-", "-lm"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn();
+        let out = child.and_then(|mut child| {
+            let mut stdin = child.stdin.take().expect("stdin was piped");
+            // Written from a thread of its own while this one collects the output, so that a
+            // compiler writing much before it has read everything cannot block either side.
+            let source = source.to_owned();
+            let writer = std::thread::spawn(move || stdin.write_all(source.as_bytes()));
+            let out = child.wait_with_output();
+            let written = writer.join().expect("the source writer does not panic");
+            let out = out?;
+            // A compiler that failed early may close its input unread; its own error says more.
+            if out.status.success() {
+                written?;
+            }
+            Ok(out)
+        });
         let installed = out
             .map_err(|e| format!("cannot run {}: {e}", self.program))
             .and_then(|out| {
