@@ -4,7 +4,9 @@
 //! reason recorded) or *inline* (recomputed inside every kernel that reads it, from registers).
 //! Each materialized fusible node roots a kernel whose body is its inline cone. Kernels that share
 //! a domain are then merged into multi-output kernels when neither depends on the other. Every
-//! decision is a value: `FusionDecision::Forbid(reason)` for boundaries.
+//! decision is a value: `FusionDecision::Forbid(reason)` for boundaries. A kernel also ends where
+//! its estimated size would pass the cost model's `KernelLimits` (see `size`): the value there is
+//! stored.
 //!
 //! A kernel's *domain* is the index space it loops over: the shape of its element-level outputs,
 //! with `reduce` axes looped innermost when it contains reductions. A reduction may stay inline
@@ -17,7 +19,11 @@ use std::fmt::Write;
 use crate::structured::{structured_groups, StructuredGroup};
 use kfuse_ir::{Graph, NodeId, Op, Shape};
 
-use crate::cost::CostModel;
+use crate::cost::{CostModel, KernelLimits};
+
+mod size;
+
+use size::{walk, Size, Walk};
 
 /// How aggressively to fuse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,7 +199,7 @@ pub fn partition(graph: &Graph, policy: FusePolicy, cost: &dyn CostModel) -> Par
             .or_insert_with(|| "graph output".into());
     }
     loop {
-        let kernels = match form_kernels(graph, &stored, policy, &groups) {
+        let kernels = match form_kernels(graph, &stored, policy, &groups, cost.kernel_limits()) {
             Ok(k) => k,
             Err((id, reason)) => {
                 stored.insert(id, reason);
@@ -214,33 +220,6 @@ pub fn partition(graph: &Graph, policy: FusePolicy, cost: &dyn CostModel) -> Par
             notes,
         };
     }
-}
-
-/// The inline cone of `root`: the nodes a kernel writing `root` computes.
-fn cone(
-    graph: &Graph,
-    root: NodeId,
-    stored: &BTreeMap<NodeId, String>,
-) -> (BTreeSet<NodeId>, BTreeSet<NodeId>) {
-    let mut nodes = BTreeSet::new();
-    let mut inputs = BTreeSet::new();
-    let mut stack = vec![root];
-    while let Some(id) = stack.pop() {
-        if !nodes.insert(id) {
-            continue;
-        }
-        for v in &graph.node(id).operands {
-            let p = v.node;
-            if class(graph, p) == Class::Scalar && !stored.contains_key(&p) {
-                nodes.insert(p);
-            } else if stored.contains_key(&p) {
-                inputs.insert(p);
-            } else {
-                stack.push(p);
-            }
-        }
-    }
-    (nodes, inputs)
 }
 
 /// A reduction over at least one axis. A reduction over no axes is elementwise (`0 + x`, ...).
@@ -265,14 +244,17 @@ fn out_shape(graph: &Graph, id: NodeId) -> Shape {
 }
 
 /// One fused kernel per stored fusible node, and one library kernel per library node; then
-/// merges. An `Err` names a reduction that cannot stay inline and why.
+/// merges. An `Err` names a value to store and why: a reduction that cannot stay inline, or
+/// where a kernel passes the cost model's size limits.
 fn form_kernels(
     graph: &Graph,
     stored: &BTreeMap<NodeId, String>,
     policy: FusePolicy,
     groups: &[StructuredGroup],
+    limits: KernelLimits,
 ) -> Result<Vec<Kernel>, (NodeId, String)> {
     let mut kernels = Vec::new();
+    let mut sizes = Vec::new();
     for id in graph.node_ids() {
         if let Some(group) = groups.iter().find(|g| g.nodes().contains(&id)) {
             if id == group.last() {
@@ -288,25 +270,39 @@ fn form_kernels(
                     outputs: vec![id],
                     inputs: inputs.into_iter().collect(),
                 });
+                sizes.push(Size::default());
             }
             continue;
         }
         match class(graph, id) {
-            Class::Library => kernels.push(Kernel {
-                kind: KernelKind::Library,
-                nodes: vec![id],
-                outputs: vec![id],
-                inputs: graph
-                    .node(id)
-                    .operands
-                    .iter()
-                    .map(|v| v.node)
-                    .collect::<BTreeSet<_>>()
-                    .into_iter()
-                    .collect(),
-            }),
+            Class::Library => {
+                kernels.push(Kernel {
+                    kind: KernelKind::Library,
+                    nodes: vec![id],
+                    outputs: vec![id],
+                    inputs: graph
+                        .node(id)
+                        .operands
+                        .iter()
+                        .map(|v| v.node)
+                        .collect::<BTreeSet<_>>()
+                        .into_iter()
+                        .collect(),
+                });
+                sizes.push(Size::default());
+            }
             Class::Fusible if stored.contains_key(&id) => {
-                let (nodes, inputs) = cone(graph, id, stored);
+                // Without fusion a kernel is one op, and there is nothing to split.
+                let limits = (policy != FusePolicy::None).then_some(limits);
+                let (nodes, inputs, size) =
+                    match walk(graph, id, &|n| stored.contains_key(&n), limits) {
+                        Walk::Cone {
+                            nodes,
+                            inputs,
+                            size,
+                        } => (nodes, inputs, size),
+                        Walk::Cut { node, reason } => return Err((node, reason)),
+                    };
                 let kind = domain_of(graph, id, &nodes)?;
                 kernels.push(Kernel {
                     kind,
@@ -314,6 +310,7 @@ fn form_kernels(
                     outputs: vec![id],
                     inputs: inputs.into_iter().collect(),
                 });
+                sizes.push(size);
             }
             _ => {}
         }
@@ -322,7 +319,7 @@ fn form_kernels(
     Ok(if policy == FusePolicy::None {
         kernels
     } else {
-        merge(graph, kernels)
+        merge(kernels, sizes, limits)
     })
 }
 
@@ -636,9 +633,9 @@ fn depends(kernels: &[Kernel], a: usize, b: usize) -> bool {
 }
 
 /// Merges fused kernels over the same domain that share inline nodes or inputs (multi-output and
-/// horizontal fusion), never two where one depends on the other.
-fn merge(graph: &Graph, mut kernels: Vec<Kernel>) -> Vec<Kernel> {
-    let _ = graph;
+/// horizontal fusion), never two where one depends on the other, nor two whose sizes together
+/// pass `limits`.
+fn merge(mut kernels: Vec<Kernel>, mut sizes: Vec<Size>, limits: KernelLimits) -> Vec<Kernel> {
     loop {
         let mut merged = false;
         'search: for a in 0..kernels.len() {
@@ -667,11 +664,18 @@ fn merge(graph: &Graph, mut kernels: Vec<Kernel>) -> Vec<Kernel> {
                         .inputs
                         .iter()
                         .any(|n| kernels[b].inputs.contains(n));
-                if !shares || depends(&kernels, a, b) || depends(&kernels, b, a) {
+                let size = sizes[a].plus(sizes[b]);
+                if !shares
+                    || !size.within(limits)
+                    || depends(&kernels, a, b)
+                    || depends(&kernels, b, a)
+                {
                     continue;
                 }
                 let reduce = if ra.is_empty() { rb } else { ra };
                 let kb = kernels.remove(b);
+                sizes.remove(b);
+                sizes[a] = size;
                 let ka = &mut kernels[a];
                 ka.kind = KernelKind::Fused { domain: da, reduce };
                 for n in kb.nodes {
