@@ -22,8 +22,10 @@ use kfuse_ir::{Graph, NodeId, Op, Shape};
 use crate::cost::{CostModel, KernelLimits};
 
 mod size;
+mod views;
 
 use size::{walk, Size, Walk};
+use views::{ViewId, Views};
 
 /// How aggressively to fuse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -198,8 +200,17 @@ pub fn partition(graph: &Graph, policy: FusePolicy, cost: &dyn CostModel) -> Par
             .entry(out.value.node)
             .or_insert_with(|| "graph output".into());
     }
+    let mut views = Views::default();
     loop {
-        let kernels = match form_kernels(graph, &stored, policy, &groups, cost.kernel_limits()) {
+        let formed = form_kernels(
+            graph,
+            &stored,
+            policy,
+            &groups,
+            cost.kernel_limits(),
+            &mut views,
+        );
+        let (kernels, bodies) = match formed {
             Ok(k) => k,
             Err((id, reason)) => {
                 stored.insert(id, reason);
@@ -207,7 +218,8 @@ pub fn partition(graph: &Graph, policy: FusePolicy, cost: &dyn CostModel) -> Par
             }
         };
         if policy == FusePolicy::Cost {
-            if let Some((id, reason)) = costly_duplicate(graph, &kernels, cost, &mut notes) {
+            if let Some((id, reason)) = costly_duplicate(graph, &kernels, &bodies, cost, &mut notes)
+            {
                 stored.insert(id, reason);
                 continue;
             }
@@ -252,9 +264,10 @@ fn form_kernels(
     policy: FusePolicy,
     groups: &[StructuredGroup],
     limits: KernelLimits,
-) -> Result<Vec<Kernel>, (NodeId, String)> {
+    views: &mut Views,
+) -> Result<(Vec<Kernel>, Vec<Body>), (NodeId, String)> {
     let mut kernels = Vec::new();
-    let mut sizes = Vec::new();
+    let mut bodies = Vec::new();
     for id in graph.node_ids() {
         if let Some(group) = groups.iter().find(|g| g.nodes().contains(&id)) {
             if id == group.last() {
@@ -270,7 +283,7 @@ fn form_kernels(
                     outputs: vec![id],
                     inputs: inputs.into_iter().collect(),
                 });
-                sizes.push(Size::default());
+                bodies.push(Body::default());
             }
             continue;
         }
@@ -289,18 +302,19 @@ fn form_kernels(
                         .into_iter()
                         .collect(),
                 });
-                sizes.push(Size::default());
+                bodies.push(Body::default());
             }
             Class::Fusible if stored.contains_key(&id) => {
                 // Without fusion a kernel is one op, and there is nothing to split.
                 let limits = (policy != FusePolicy::None).then_some(limits);
-                let (nodes, inputs, size) =
-                    match walk(graph, id, &|n| stored.contains_key(&n), limits) {
+                let (nodes, inputs, body) =
+                    match walk(graph, id, &|n| stored.contains_key(&n), limits, views) {
                         Walk::Cone {
                             nodes,
                             inputs,
                             size,
-                        } => (nodes, inputs, size),
+                            views,
+                        } => (nodes, inputs, Body { size, views }),
                         Walk::Cut { node, reason } => return Err((node, reason)),
                     };
                 let kind = domain_of(graph, id, &nodes)?;
@@ -310,17 +324,44 @@ fn form_kernels(
                     outputs: vec![id],
                     inputs: inputs.into_iter().collect(),
                 });
-                sizes.push(size);
+                bodies.push(body);
             }
             _ => {}
         }
     }
     // Without fusion every op stays its own kernel; otherwise siblings over one domain merge.
     Ok(if policy == FusePolicy::None {
-        kernels
+        (kernels, bodies)
     } else {
-        merge(kernels, sizes, limits)
+        merge(kernels, bodies, limits)
     })
+}
+
+/// What a fused kernel computes, beyond its nodes: its size, and the views each inline node is
+/// evaluated at. Empty for library and structured kernels.
+#[derive(Clone, Debug, Default)]
+struct Body {
+    size: Size,
+    views: BTreeMap<NodeId, Vec<ViewId>>,
+}
+
+impl Body {
+    /// How many views kernel evaluates `id` at (one for a node it does not hold).
+    fn view_count(&self, id: NodeId) -> usize {
+        self.views.get(&id).map_or(1, |v| v.len().max(1))
+    }
+
+    fn absorb(&mut self, other: Body) {
+        self.size = self.size.plus(other.size);
+        for (id, views) in other.views {
+            let mine = self.views.entry(id).or_default();
+            for v in views {
+                if !mine.contains(&v) {
+                    mine.push(v);
+                }
+            }
+        }
+    }
 }
 
 /// The domain of the kernel rooted at `root` with inline `nodes`, checking that every inline
@@ -635,7 +676,11 @@ fn depends(kernels: &[Kernel], a: usize, b: usize) -> bool {
 /// Merges fused kernels over the same domain that share inline nodes or inputs (multi-output and
 /// horizontal fusion), never two where one depends on the other, nor two whose sizes together
 /// pass `limits`.
-fn merge(mut kernels: Vec<Kernel>, mut sizes: Vec<Size>, limits: KernelLimits) -> Vec<Kernel> {
+fn merge(
+    mut kernels: Vec<Kernel>,
+    mut bodies: Vec<Body>,
+    limits: KernelLimits,
+) -> (Vec<Kernel>, Vec<Body>) {
     loop {
         let mut merged = false;
         'search: for a in 0..kernels.len() {
@@ -664,9 +709,8 @@ fn merge(mut kernels: Vec<Kernel>, mut sizes: Vec<Size>, limits: KernelLimits) -
                         .inputs
                         .iter()
                         .any(|n| kernels[b].inputs.contains(n));
-                let size = sizes[a].plus(sizes[b]);
                 if !shares
-                    || !size.within(limits)
+                    || !bodies[a].size.plus(bodies[b].size).within(limits)
                     || depends(&kernels, a, b)
                     || depends(&kernels, b, a)
                 {
@@ -674,8 +718,8 @@ fn merge(mut kernels: Vec<Kernel>, mut sizes: Vec<Size>, limits: KernelLimits) -
                 }
                 let reduce = if ra.is_empty() { rb } else { ra };
                 let kb = kernels.remove(b);
-                sizes.remove(b);
-                sizes[a] = size;
+                let body = bodies.remove(b);
+                bodies[a].absorb(body);
                 let ka = &mut kernels[a];
                 ka.kind = KernelKind::Fused { domain: da, reduce };
                 for n in kb.nodes {
@@ -697,7 +741,7 @@ fn merge(mut kernels: Vec<Kernel>, mut sizes: Vec<Size>, limits: KernelLimits) -
             }
         }
         if !merged {
-            return kernels;
+            return (kernels, bodies);
         }
     }
 }
@@ -830,6 +874,7 @@ fn cone_seconds(
 fn costly_duplicate(
     graph: &Graph,
     kernels: &[Kernel],
+    bodies: &[Body],
     cost: &dyn CostModel,
     notes: &mut Vec<String>,
 ) -> Option<(NodeId, String)> {
@@ -847,9 +892,13 @@ fn costly_duplicate(
     for (n, ks) in homes {
         let ty = &graph.node(n).types[0];
         let own = ty.shape.n_elems() as f64;
+        // A kernel evaluates the node at each index it is read at (each view), once per element
+        // of its loop or less (`evaluations`).
+        let views: Vec<usize> = ks.iter().map(|&k| bodies[k].view_count(n)).collect();
         let evals: Vec<f64> = ks
             .iter()
-            .map(|&k| evaluations(graph, n, &kernels[k]))
+            .zip(&views)
+            .map(|(&k, &v)| evaluations(graph, n, &kernels[k]) * v as f64)
             .collect();
         if ks.len() == 1 && evals[0] <= own {
             continue; // Computed once per element, in one kernel: nothing is recomputed.
@@ -865,6 +914,12 @@ fn costly_duplicate(
             + cost.kernel_seconds();
         let how = if ks.len() > 1 {
             format!("read by {} kernels", ks.len())
+        } else if views[0] > 1 {
+            format!(
+                "read at {} indices, evaluated {:.0} times per element",
+                views[0],
+                evals[0] / own.max(1.0)
+            )
         } else {
             format!(
                 "evaluated {:.0} times per element through a broadcast",

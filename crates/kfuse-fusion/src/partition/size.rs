@@ -6,10 +6,11 @@
 //! passes the cost model's [`KernelLimits`], the walk stops and names the value to store there:
 //! the kernel ends at it, and the rest of the cone becomes that value's own kernel.
 
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use kfuse_ir::{Graph, NodeId, Op};
 
+use super::views::{ViewId, Views};
 use super::{class, Class};
 use crate::cost::{transcendental, KernelLimits};
 
@@ -44,11 +45,13 @@ impl Size {
 
 /// The result of walking the cone of a kernel's output.
 pub(super) enum Walk {
-    /// The whole cone: the nodes the kernel computes, the stored values it reads, its size.
+    /// The whole cone: the nodes the kernel computes, the stored values it reads, its size, and
+    /// the views each inline node is evaluated at.
     Cone {
         nodes: BTreeSet<NodeId>,
         inputs: BTreeSet<NodeId>,
         size: Size,
+        views: BTreeMap<NodeId, Vec<ViewId>>,
     },
     /// The kernel passes a limit: storing `node` ends it there, for `reason`.
     Cut { node: NodeId, reason: String },
@@ -85,20 +88,40 @@ fn node_size(graph: &Graph, id: NodeId) -> Size {
     }
 }
 
+/// What the walk knows of a node it has queued.
+#[derive(Default)]
+struct Reached {
+    /// The views its consumers read it at so far.
+    views: Vec<ViewId>,
+    /// The most views any consumer is evaluated at.
+    consumer_views: usize,
+    /// Where recomputation last multiplied on the way from the output to this node: the node
+    /// evaluated at more views than any of its consumers, and at how many. Storing it keeps
+    /// what is above it and ends the multiplication.
+    duplicated: Option<(NodeId, usize)>,
+}
+
 /// Walks the inline cone of `root` (the nodes a kernel writing `root` computes, up to the values
-/// `is_stored` names), adding up its size. With `limits`, the walk stops where the size first
-/// passes them and names the node to store there; the root itself is never named, so a root too
-/// large on its own ends its kernel at the first node below it.
+/// `is_stored` names), adding up its size over every view each node is evaluated at. With
+/// `limits`, the walk stops where the size first passes them and names the node to store: where
+/// recomputation last multiplied on the way there, if it did (storing it ends the
+/// multiplication, and a stencil's steps then fuse as far as the limits allow), else the node
+/// where the size passed. The root itself is never named, so a root too large on its own ends
+/// its kernel at the first node below it.
 pub(super) fn walk(
     graph: &Graph,
     root: NodeId,
     is_stored: &dyn Fn(NodeId) -> bool,
     limits: Option<KernelLimits>,
+    views: &mut Views,
 ) -> Walk {
     let mut heap = BinaryHeap::from([root]);
-    let mut queued = BTreeSet::from([root]);
+    let mut reached: BTreeMap<NodeId, Reached> = BTreeMap::new();
+    let root_view = views.identity(&graph.node(root).types[0].shape);
+    reached.entry(root).or_default().views.push(root_view);
     let mut nodes = BTreeSet::new();
-    let mut inputs = BTreeSet::new();
+    let mut inputs: BTreeMap<NodeId, Vec<ViewId>> = BTreeMap::new();
+    let mut node_views = BTreeMap::new();
     // The loop index and the store of the output.
     let mut size = Size {
         instructions: 2,
@@ -107,35 +130,71 @@ pub(super) fn walk(
     // The limit the root alone passes, if it does: the kernel then ends at the next node.
     let mut passed: Option<String> = None;
     while let Some(id) = heap.pop() {
-        // Each queued node was charged a load, what it costs should it be stored: the size then
-        // never grows when a walk is repeated after a store, and a cut stays where it was.
-        let mut grown = size.plus(node_size(graph, id));
+        let here = reached.remove(&id).expect("a queued node was reached");
+        let n_views = here.views.len();
+        let duplicated = if id != root && n_views > here.consumer_views {
+            Some((id, n_views))
+        } else {
+            here.duplicated
+        };
+        // Each view of a queued node was charged a load, what the view costs should the node
+        // be stored: the size never grows when a walk is repeated after a store, so a cut stays
+        // where it was made.
+        let one = node_size(graph, id);
+        let mut grown = Size {
+            instructions: size.instructions + n_views * one.instructions,
+            transcendentals: size.transcendentals + n_views * one.transcendentals,
+        };
         if id != root {
-            grown.instructions -= 1;
+            grown.instructions -= n_views;
         }
-        let operands = &graph.node(id).operands;
-        for v in operands {
+        let node = graph.node(id);
+        // The views of each operand, and what they add: a load per new view of a stored value,
+        // a literal per scalar constant, a charge per new view of a node still to walk.
+        let mut operand_views = Vec::with_capacity(node.operands.len());
+        for (i, v) in node.operands.iter().enumerate() {
             let p = v.node;
-            let fresh = if is_stored(p) {
-                !inputs.contains(&p)
-            } else if class(graph, p) == Class::Scalar {
-                !nodes.contains(&p)
-            } else {
-                !queued.contains(&p)
-            };
-            grown.instructions += usize::from(fresh);
+            if class(graph, p) == Class::Scalar && !is_stored(p) {
+                grown.instructions += usize::from(!nodes.contains(&p));
+                operand_views.push(Vec::new());
+                continue;
+            }
+            let mut fresh = Vec::new();
+            for &view in &here.views {
+                let w = views.operand(graph, id, i, view);
+                let known = if is_stored(p) {
+                    inputs.get(&p).is_some_and(|vs| vs.contains(&w))
+                } else {
+                    reached.get(&p).is_some_and(|r| r.views.contains(&w))
+                };
+                if !known && !fresh.contains(&w) {
+                    fresh.push(w);
+                }
+            }
+            grown.instructions += fresh.len();
+            operand_views.push(fresh);
         }
         if let Some(limits) = limits {
             let fits = grown.within(limits);
             if id != root && (passed.is_some() || !fits) {
                 let why = passed.unwrap_or_else(|| grown.passed(limits));
-                return Walk::Cut {
-                    node: id,
-                    reason: format!(
-                        "the kernel of %{} would pass the limit of {why} with it",
-                        root.0
+                let (node, reason) = match duplicated {
+                    Some((d, count)) => (
+                        d,
+                        format!(
+                            "the kernel of %{} would pass the limit of {why} evaluating it at each of the {count} indices it is read at",
+                            root.0
+                        ),
+                    ),
+                    _ => (
+                        id,
+                        format!(
+                            "the kernel of %{} would pass the limit of {why} with it",
+                            root.0
+                        ),
                     ),
                 };
+                return Walk::Cut { node, reason };
             }
             if !fits {
                 passed = Some(grown.passed(limits));
@@ -143,20 +202,28 @@ pub(super) fn walk(
         }
         size = grown;
         nodes.insert(id);
-        for v in operands {
+        node_views.insert(id, here.views);
+        for (v, fresh) in node.operands.iter().zip(operand_views) {
             let p = v.node;
             if is_stored(p) {
-                inputs.insert(p);
+                inputs.entry(p).or_default().extend(fresh);
             } else if class(graph, p) == Class::Scalar {
                 nodes.insert(p);
-            } else if queued.insert(p) {
-                heap.push(p);
+            } else {
+                let entry = reached.entry(p).or_insert_with(|| {
+                    heap.push(p);
+                    Reached::default()
+                });
+                entry.views.extend(fresh);
+                entry.consumer_views = entry.consumer_views.max(n_views);
+                entry.duplicated = entry.duplicated.max(duplicated);
             }
         }
     }
     Walk::Cone {
         nodes,
-        inputs,
+        inputs: inputs.into_keys().collect(),
         size,
+        views: node_views,
     }
 }
