@@ -770,6 +770,40 @@ fn explain_names_each_convolutions_routine() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Ten steps of a 3-D Jacobi fused into one kernel took more than 23 GB to lower: each step
+/// reads the one before at six shifted indices. `explain` shows the steps stored, and why.
+#[test]
+fn explain_stores_the_steps_of_a_stencil_and_says_why() {
+    for (policy, kernels, reason) in [
+        (
+            "cost",
+            10,
+            "read at 6 indices, evaluated 6 times per element: recomputing it costs",
+        ),
+        (
+            "greedy",
+            5,
+            "would pass the limit of 512 instructions evaluating it at each of the 36 indices",
+        ),
+    ] {
+        let o = kfuse(&[
+            "explain",
+            &example("jacobi3d.kf"),
+            "--cost-model",
+            "fixed",
+            "--fuse",
+            policy,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            text.contains(&format!("policy {policy}; {kernels} kernel(s)")),
+            "{text}"
+        );
+        assert!(text.contains(reason), "{text}");
+    }
+}
+
 #[test]
 fn explain_shows_kernels_bytes_and_boundaries() {
     let o = kfuse(&["explain", &example("layernorm.kf")]);

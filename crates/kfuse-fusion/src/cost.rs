@@ -13,6 +13,62 @@ pub trait CostModel {
     fn kernel_seconds(&self) -> f64;
     /// A short description for `kfuse explain`.
     fn describe(&self) -> String;
+    /// The most one generated kernel may hold. The C compiler's time grows faster than linearly
+    /// with the size of one function, so past these limits the partitioner stores a value and
+    /// starts another kernel.
+    fn kernel_limits(&self) -> KernelLimits {
+        KernelLimits::default()
+    }
+}
+
+/// How large one fused kernel may grow, counted as lowering emits it: every evaluation of a
+/// node at each distinct index it is read at, so that a value recomputed under several shifted
+/// views counts once per view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelLimits {
+    /// Kernel IR instructions: arithmetic, index arithmetic, loads and stores.
+    pub instructions: usize,
+    /// Evaluations of transcendental functions (see [`transcendental`]), each of which the C
+    /// backend expands into a polynomial in every vector block.
+    pub transcendentals: usize,
+}
+
+impl Default for KernelLimits {
+    /// GCC compiles a kernel at these limits in seconds, and its time grows faster than the
+    /// kernel beyond them (`docs/benchmarks.md`, "Compile time"). Splitting a chain here costs
+    /// one store and one load per few hundred operations, which is lost in the compute.
+    fn default() -> Self {
+        KernelLimits {
+            instructions: 512,
+            transcendentals: 16,
+        }
+    }
+}
+
+/// Whether `op` is a transcendental function: one the backends evaluate as a polynomial of
+/// some dozens of instructions rather than one machine instruction.
+pub fn transcendental(op: &Op) -> bool {
+    match op {
+        Op::Unary(u) => matches!(
+            u,
+            UnaryOp::Exp
+                | UnaryOp::Exp2
+                | UnaryOp::Expm1
+                | UnaryOp::Log
+                | UnaryOp::Log2
+                | UnaryOp::Log1p
+                | UnaryOp::Tanh
+                | UnaryOp::Sigmoid
+                | UnaryOp::Softplus
+                | UnaryOp::Sin
+                | UnaryOp::Cos
+                | UnaryOp::Erf
+                | UnaryOp::Gelu
+                | UnaryOp::GeluTanh
+        ),
+        Op::Binary(BinaryOp::Pow) => true,
+        _ => false,
+    }
 }
 
 /// Relative cost of one element of an op, in units of one vector add.
@@ -49,6 +105,7 @@ pub struct FixedCostModel {
     /// Seconds per element of an op of weight 1 (one vector add).
     pub seconds_per_weight: f64,
     pub kernel_seconds: f64,
+    pub limits: KernelLimits,
 }
 
 impl Default for FixedCostModel {
@@ -57,6 +114,7 @@ impl Default for FixedCostModel {
             bytes_per_second: 20e9,
             seconds_per_weight: 0.1e-9,
             kernel_seconds: 5e-6,
+            limits: KernelLimits::default(),
         }
     }
 }
@@ -80,6 +138,10 @@ impl CostModel for FixedCostModel {
 
     fn kernel_seconds(&self) -> f64 {
         self.kernel_seconds
+    }
+
+    fn kernel_limits(&self) -> KernelLimits {
+        self.limits
     }
 
     fn describe(&self) -> String {

@@ -8,7 +8,7 @@ pub mod cost;
 mod partition;
 pub mod structured;
 
-pub use cost::{CostModel, FixedCostModel};
+pub use cost::{CostModel, FixedCostModel, KernelLimits};
 pub use kfuse_ir::{Activation, Bounds};
 pub use partition::{
     partition, print_partition, row_axes, splits_rows, FusePolicy, FusionDecision, Kernel,

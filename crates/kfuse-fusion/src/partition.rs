@@ -4,7 +4,9 @@
 //! reason recorded) or *inline* (recomputed inside every kernel that reads it, from registers).
 //! Each materialized fusible node roots a kernel whose body is its inline cone. Kernels that share
 //! a domain are then merged into multi-output kernels when neither depends on the other. Every
-//! decision is a value: `FusionDecision::Forbid(reason)` for boundaries.
+//! decision is a value: `FusionDecision::Forbid(reason)` for boundaries. A kernel also ends where
+//! its estimated size would pass the cost model's `KernelLimits` (see `size`): the value there is
+//! stored.
 //!
 //! A kernel's *domain* is the index space it loops over: the shape of its element-level outputs,
 //! with `reduce` axes looped innermost when it contains reductions. A reduction may stay inline
@@ -17,7 +19,13 @@ use std::fmt::Write;
 use crate::structured::{structured_groups, StructuredGroup};
 use kfuse_ir::{Graph, NodeId, Op, Shape};
 
-use crate::cost::CostModel;
+use crate::cost::{CostModel, KernelLimits};
+
+mod size;
+mod views;
+
+use size::{walk, Size, Walk};
+use views::{ViewId, Views};
 
 /// How aggressively to fuse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,8 +200,17 @@ pub fn partition(graph: &Graph, policy: FusePolicy, cost: &dyn CostModel) -> Par
             .entry(out.value.node)
             .or_insert_with(|| "graph output".into());
     }
+    let mut views = Views::default();
     loop {
-        let kernels = match form_kernels(graph, &stored, policy, &groups) {
+        let formed = form_kernels(
+            graph,
+            &stored,
+            policy,
+            &groups,
+            cost.kernel_limits(),
+            &mut views,
+        );
+        let (kernels, bodies) = match formed {
             Ok(k) => k,
             Err((id, reason)) => {
                 stored.insert(id, reason);
@@ -201,7 +218,8 @@ pub fn partition(graph: &Graph, policy: FusePolicy, cost: &dyn CostModel) -> Par
             }
         };
         if policy == FusePolicy::Cost {
-            if let Some((id, reason)) = costly_duplicate(graph, &kernels, cost, &mut notes) {
+            if let Some((id, reason)) = costly_duplicate(graph, &kernels, &bodies, cost, &mut notes)
+            {
                 stored.insert(id, reason);
                 continue;
             }
@@ -214,33 +232,6 @@ pub fn partition(graph: &Graph, policy: FusePolicy, cost: &dyn CostModel) -> Par
             notes,
         };
     }
-}
-
-/// The inline cone of `root`: the nodes a kernel writing `root` computes.
-fn cone(
-    graph: &Graph,
-    root: NodeId,
-    stored: &BTreeMap<NodeId, String>,
-) -> (BTreeSet<NodeId>, BTreeSet<NodeId>) {
-    let mut nodes = BTreeSet::new();
-    let mut inputs = BTreeSet::new();
-    let mut stack = vec![root];
-    while let Some(id) = stack.pop() {
-        if !nodes.insert(id) {
-            continue;
-        }
-        for v in &graph.node(id).operands {
-            let p = v.node;
-            if class(graph, p) == Class::Scalar && !stored.contains_key(&p) {
-                nodes.insert(p);
-            } else if stored.contains_key(&p) {
-                inputs.insert(p);
-            } else {
-                stack.push(p);
-            }
-        }
-    }
-    (nodes, inputs)
 }
 
 /// A reduction over at least one axis. A reduction over no axes is elementwise (`0 + x`, ...).
@@ -265,14 +256,18 @@ fn out_shape(graph: &Graph, id: NodeId) -> Shape {
 }
 
 /// One fused kernel per stored fusible node, and one library kernel per library node; then
-/// merges. An `Err` names a reduction that cannot stay inline and why.
+/// merges. An `Err` names a value to store and why: a reduction that cannot stay inline, or
+/// where a kernel passes the cost model's size limits.
 fn form_kernels(
     graph: &Graph,
     stored: &BTreeMap<NodeId, String>,
     policy: FusePolicy,
     groups: &[StructuredGroup],
-) -> Result<Vec<Kernel>, (NodeId, String)> {
+    limits: KernelLimits,
+    views: &mut Views,
+) -> Result<(Vec<Kernel>, Vec<Body>), (NodeId, String)> {
     let mut kernels = Vec::new();
+    let mut bodies = Vec::new();
     for id in graph.node_ids() {
         if let Some(group) = groups.iter().find(|g| g.nodes().contains(&id)) {
             if id == group.last() {
@@ -288,25 +283,40 @@ fn form_kernels(
                     outputs: vec![id],
                     inputs: inputs.into_iter().collect(),
                 });
+                bodies.push(Body::default());
             }
             continue;
         }
         match class(graph, id) {
-            Class::Library => kernels.push(Kernel {
-                kind: KernelKind::Library,
-                nodes: vec![id],
-                outputs: vec![id],
-                inputs: graph
-                    .node(id)
-                    .operands
-                    .iter()
-                    .map(|v| v.node)
-                    .collect::<BTreeSet<_>>()
-                    .into_iter()
-                    .collect(),
-            }),
+            Class::Library => {
+                kernels.push(Kernel {
+                    kind: KernelKind::Library,
+                    nodes: vec![id],
+                    outputs: vec![id],
+                    inputs: graph
+                        .node(id)
+                        .operands
+                        .iter()
+                        .map(|v| v.node)
+                        .collect::<BTreeSet<_>>()
+                        .into_iter()
+                        .collect(),
+                });
+                bodies.push(Body::default());
+            }
             Class::Fusible if stored.contains_key(&id) => {
-                let (nodes, inputs) = cone(graph, id, stored);
+                // Without fusion a kernel is one op, and there is nothing to split.
+                let limits = (policy != FusePolicy::None).then_some(limits);
+                let (nodes, inputs, body) =
+                    match walk(graph, id, &|n| stored.contains_key(&n), limits, views) {
+                        Walk::Cone {
+                            nodes,
+                            inputs,
+                            size,
+                            views,
+                        } => (nodes, inputs, Body { size, views }),
+                        Walk::Cut { node, reason } => return Err((node, reason)),
+                    };
                 let kind = domain_of(graph, id, &nodes)?;
                 kernels.push(Kernel {
                     kind,
@@ -314,16 +324,44 @@ fn form_kernels(
                     outputs: vec![id],
                     inputs: inputs.into_iter().collect(),
                 });
+                bodies.push(body);
             }
             _ => {}
         }
     }
     // Without fusion every op stays its own kernel; otherwise siblings over one domain merge.
     Ok(if policy == FusePolicy::None {
-        kernels
+        (kernels, bodies)
     } else {
-        merge(graph, kernels)
+        merge(kernels, bodies, limits)
     })
+}
+
+/// What a fused kernel computes, beyond its nodes: its size, and the views each inline node is
+/// evaluated at. Empty for library and structured kernels.
+#[derive(Clone, Debug, Default)]
+struct Body {
+    size: Size,
+    views: BTreeMap<NodeId, Vec<ViewId>>,
+}
+
+impl Body {
+    /// How many views kernel evaluates `id` at (one for a node it does not hold).
+    fn view_count(&self, id: NodeId) -> usize {
+        self.views.get(&id).map_or(1, |v| v.len().max(1))
+    }
+
+    fn absorb(&mut self, other: Body) {
+        self.size = self.size.plus(other.size);
+        for (id, views) in other.views {
+            let mine = self.views.entry(id).or_default();
+            for v in views {
+                if !mine.contains(&v) {
+                    mine.push(v);
+                }
+            }
+        }
+    }
 }
 
 /// The domain of the kernel rooted at `root` with inline `nodes`, checking that every inline
@@ -636,9 +674,13 @@ fn depends(kernels: &[Kernel], a: usize, b: usize) -> bool {
 }
 
 /// Merges fused kernels over the same domain that share inline nodes or inputs (multi-output and
-/// horizontal fusion), never two where one depends on the other.
-fn merge(graph: &Graph, mut kernels: Vec<Kernel>) -> Vec<Kernel> {
-    let _ = graph;
+/// horizontal fusion), never two where one depends on the other, nor two whose sizes together
+/// pass `limits`.
+fn merge(
+    mut kernels: Vec<Kernel>,
+    mut bodies: Vec<Body>,
+    limits: KernelLimits,
+) -> (Vec<Kernel>, Vec<Body>) {
     loop {
         let mut merged = false;
         'search: for a in 0..kernels.len() {
@@ -667,11 +709,17 @@ fn merge(graph: &Graph, mut kernels: Vec<Kernel>) -> Vec<Kernel> {
                         .inputs
                         .iter()
                         .any(|n| kernels[b].inputs.contains(n));
-                if !shares || depends(&kernels, a, b) || depends(&kernels, b, a) {
+                if !shares
+                    || !bodies[a].size.plus(bodies[b].size).within(limits)
+                    || depends(&kernels, a, b)
+                    || depends(&kernels, b, a)
+                {
                     continue;
                 }
                 let reduce = if ra.is_empty() { rb } else { ra };
                 let kb = kernels.remove(b);
+                let body = bodies.remove(b);
+                bodies[a].absorb(body);
                 let ka = &mut kernels[a];
                 ka.kind = KernelKind::Fused { domain: da, reduce };
                 for n in kb.nodes {
@@ -693,7 +741,7 @@ fn merge(graph: &Graph, mut kernels: Vec<Kernel>) -> Vec<Kernel> {
             }
         }
         if !merged {
-            return kernels;
+            return (kernels, bodies);
         }
     }
 }
@@ -826,6 +874,7 @@ fn cone_seconds(
 fn costly_duplicate(
     graph: &Graph,
     kernels: &[Kernel],
+    bodies: &[Body],
     cost: &dyn CostModel,
     notes: &mut Vec<String>,
 ) -> Option<(NodeId, String)> {
@@ -843,9 +892,13 @@ fn costly_duplicate(
     for (n, ks) in homes {
         let ty = &graph.node(n).types[0];
         let own = ty.shape.n_elems() as f64;
+        // A kernel evaluates the node at each index it is read at (each view), once per element
+        // of its loop or less (`evaluations`).
+        let views: Vec<usize> = ks.iter().map(|&k| bodies[k].view_count(n)).collect();
         let evals: Vec<f64> = ks
             .iter()
-            .map(|&k| evaluations(graph, n, &kernels[k]))
+            .zip(&views)
+            .map(|(&k, &v)| evaluations(graph, n, &kernels[k]) * v as f64)
             .collect();
         if ks.len() == 1 && evals[0] <= own {
             continue; // Computed once per element, in one kernel: nothing is recomputed.
@@ -861,6 +914,12 @@ fn costly_duplicate(
             + cost.kernel_seconds();
         let how = if ks.len() > 1 {
             format!("read by {} kernels", ks.len())
+        } else if views[0] > 1 {
+            format!(
+                "read at {} indices, evaluated {:.0} times per element",
+                views[0],
+                evals[0] / own.max(1.0)
+            )
         } else {
             format!(
                 "evaluated {:.0} times per element through a broadcast",

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use kfuse_cpu::{Numerics, Pool};
-use kfuse_fusion::{cost::op_weight, FixedCostModel, FusePolicy};
+use kfuse_fusion::{cost::op_weight, FixedCostModel, FusePolicy, KernelLimits};
 use kfuse_interp::CustomOps;
 use kfuse_ir::text::parse_graph;
 use kfuse_ir::{Array, Op, UnaryOp};
@@ -101,6 +101,7 @@ pub fn calibrate(cache_dir: &Path) -> Result<FixedCostModel, String> {
         bytes_per_second,
         seconds_per_weight: (compute / weight).max(1e-13),
         kernel_seconds: launch.max(1e-7),
+        limits: KernelLimits::default(),
     })
 }
 
@@ -163,6 +164,7 @@ fn cached_model(path: &Path, key: &str) -> Option<FixedCostModel> {
             bytes_per_second: b,
             seconds_per_weight: w,
             kernel_seconds: k,
+            limits: KernelLimits::default(),
         }),
         _ => None,
     }
